@@ -1,0 +1,65 @@
+# Fresh machine:  make demo   (set everything up, then run `datacache demo`)
+#                 make test   (set everything up, then run the tests)
+#
+# `system` installs the Debian packages the tests use for real (FUSE, nginx as an HTTP source,
+# OpenSSH for SFTP, rclone and s3fs-fuse as peers) only when one is missing; it needs root (CI runs
+# as root) or password-less sudo. `venv` makes .venv and installs this project with its dev extras,
+# again only when pyproject.toml changed since the last install.
+
+SHELL       := /bin/bash
+PYTHON      ?= python3
+VENV        := .venv
+STAMP       := $(VENV)/.installed
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config attr nginx openssh-server sshfs rclone s3fs
+
+.PHONY: all system venv demo test clean
+
+all: test
+
+system:
+	@set -euo pipefail; \
+	if ! command -v dpkg >/dev/null; then \
+	  echo "make system: not a Debian-based system; install by hand: $(DEB_PACKAGES)" >&2; exit 0; fi; \
+	missing=""; \
+	for p in $(DEB_PACKAGES); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if ! command -v $(PYTHON) >/dev/null; then missing="$$missing python3 python3-venv python3-dev"; \
+	else \
+	  $(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
+	  $(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+	    || missing="$$missing python3-dev"; \
+	fi; \
+	command -v cc >/dev/null || missing="$$missing gcc"; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else echo "make system: missing Debian packages:$$missing (run 'sudo make system')" >&2; exit 0; fi; \
+	echo "make system: installing$$missing"; \
+	policy=""; \
+	if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	  policy=/usr/sbin/policy-rc.d; \
+	  printf '#!/bin/sh\nexit 101\n' | $$sudo tee $$policy >/dev/null; $$sudo chmod 755 $$policy; \
+	  trap '$$sudo rm -f $$policy' EXIT; \
+	fi; \
+	$$sudo apt-get update; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing
+
+# Installed packages must not start nginx/sshd on their default ports: the tests start their own
+# on loopback. A policy-rc.d that says "no" (as Docker images ship) is put in place for the install.
+
+venv: system $(STAMP)
+
+$(STAMP): pyproject.toml | system
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -e '.[dev]'
+	touch $@
+
+demo: venv
+	$(VENV)/bin/datacache demo
+
+test: venv
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
+	find . -name '*.egg-info' -type d -prune -not -path './.git/*' -exec rm -rf {} +

@@ -1,0 +1,5 @@
+"""``python -m datacache`` is the ``datacache`` command."""
+
+from datacache.cli import main
+
+main()

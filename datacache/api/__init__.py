@@ -1,0 +1,76 @@
+"""Resource models and YAML loading for ``apiVersion: datacache.io/v1alpha1``.
+
+``load_resources("dataset.yaml")`` returns the validated resources of a file or raises
+:class:`datacache.errors.ConfigError` with one located line per mistake; ``to_document`` turns a
+resource back into a YAML-ready dict. Sizes are parsed by :func:`parse_quantity`.
+"""
+
+from .loader import load_resource_dict, load_resources, to_document, to_yaml
+from .models import (
+    API_VERSION,
+    KINDS,
+    CacheRuntime,
+    CacheRuntimeSpec,
+    CacheStates,
+    Condition,
+    DataLoad,
+    DataLoadDataset,
+    DataLoadSpec,
+    DataLoadStatus,
+    DataLoadTarget,
+    Dataset,
+    DatasetSpec,
+    DatasetStatus,
+    EncryptOption,
+    EncryptOptionSource,
+    FuseSpec,
+    Level,
+    Mount,
+    ObjectMeta,
+    Resource,
+    RuntimeStatus,
+    SecretKeySelector,
+    TargetStatus,
+    TieredStore,
+    WorkerSpec,
+    known_schemes,
+    register_scheme,
+)
+from .quantity import format_bytes, parse_quantity
+
+__all__ = [
+    "API_VERSION",
+    "KINDS",
+    "CacheRuntime",
+    "CacheRuntimeSpec",
+    "CacheStates",
+    "Condition",
+    "DataLoad",
+    "DataLoadDataset",
+    "DataLoadSpec",
+    "DataLoadStatus",
+    "DataLoadTarget",
+    "Dataset",
+    "DatasetSpec",
+    "DatasetStatus",
+    "EncryptOption",
+    "EncryptOptionSource",
+    "FuseSpec",
+    "Level",
+    "Mount",
+    "ObjectMeta",
+    "Resource",
+    "RuntimeStatus",
+    "SecretKeySelector",
+    "TargetStatus",
+    "TieredStore",
+    "WorkerSpec",
+    "format_bytes",
+    "known_schemes",
+    "load_resource_dict",
+    "load_resources",
+    "parse_quantity",
+    "register_scheme",
+    "to_document",
+    "to_yaml",
+]

@@ -1,0 +1,732 @@
+"""Resource models: Dataset, CacheRuntime and DataLoad under ``datacache.io/v1alpha1``.
+
+Resources are Kubernetes-shaped (``apiVersion``, ``kind``, ``metadata``, ``spec``, ``status``) and
+use Fluid's field names, camelCase in YAML. Python code uses snake_case attributes (both spellings
+are accepted on construction); :func:`datacache.api.loader.to_document` writes camelCase back.
+
+Every model forbids unknown fields, so a typo is an error rather than a silently ignored setting.
+Validators that find a problem below the model they run on raise :class:`FieldProblems`, which
+carries field paths relative to that model; the loader turns them into located one-line messages.
+
+Units: sizes are Kubernetes quantities (``64Mi`` = 67108864 bytes, see :mod:`.quantity`) kept as
+written, with ``*_bytes`` properties giving integers; durations are seconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import Annotated, Any, Literal, Union
+
+from fsspec.registry import known_implementations as _fsspec_known
+from fsspec.registry import registry as _fsspec_registry
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from .quantity import parse_quantity
+
+__all__ = [
+    "API_VERSION",
+    "FieldProblems",
+    "register_scheme",
+    "known_schemes",
+    "ObjectMeta",
+    "SecretKeySelector",
+    "EncryptOptionSource",
+    "EncryptOption",
+    "Mount",
+    "DatasetSpec",
+    "Condition",
+    "CacheStates",
+    "DatasetStatus",
+    "Dataset",
+    "Level",
+    "TieredStore",
+    "FuseSpec",
+    "WorkerSpec",
+    "CacheRuntimeSpec",
+    "RuntimeStatus",
+    "CacheRuntime",
+    "DataLoadDataset",
+    "DataLoadTarget",
+    "DataLoadSpec",
+    "TargetStatus",
+    "DataLoadStatus",
+    "DataLoad",
+    "Resource",
+    "KINDS",
+    "Quota",
+    "BlockSize",
+    "describe",
+]
+
+API_VERSION = "datacache.io/v1alpha1"
+
+Loc = tuple[Union[str, int], ...]
+
+
+class FieldProblems(ValueError):
+    """Problems found by a validator, each located relative to the model that raised it.
+
+    ``problems`` is a list of ``(sub_path, message)`` where ``sub_path`` is a tuple of YAML field
+    names and list indexes, e.g. ``(("mounts", 1, "path"), "...")``.
+    """
+
+    def __init__(self, problems: list[tuple[Loc, str]]):
+        self.problems = list(problems)
+        super().__init__("; ".join(message for _, message in self.problems))
+
+
+class _Model(BaseModel):
+    """Base of all models: camelCase aliases, snake_case attributes, unknown fields forbidden."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+# --- names --------------------------------------------------------------------------------------
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _check_dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"'{value}' is not a valid name: use lowercase letters, digits and '-' "
+            "(RFC 1123 label, at most 63 characters)"
+        )
+    return value
+
+
+def _check_dns_subdomain(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"'{value}' is not a valid name: use lowercase letters, digits, '-' and '.' "
+            "(RFC 1123 subdomain, at most 253 characters)"
+        )
+    return value
+
+
+DnsLabel = Annotated[
+    str,
+    AfterValidator(_check_dns_label),
+    Field(json_schema_extra={"pattern": _DNS_LABEL.pattern, "maxLength": 63}),
+]
+DnsSubdomain = Annotated[
+    str,
+    AfterValidator(_check_dns_subdomain),
+    Field(json_schema_extra={"pattern": _DNS_SUBDOMAIN.pattern, "maxLength": 253}),
+]
+
+
+# --- times --------------------------------------------------------------------------------------
+
+
+def _timestamp(value: Any) -> Any:
+    # YAML reads an unquoted 2024-05-01T10:00:00Z as a datetime: keep it as RFC 3339 text.
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        text = value.isoformat()
+        return text.replace("+00:00", "Z") if isinstance(value, datetime.datetime) else text
+    return value
+
+
+Timestamp = Annotated[str, BeforeValidator(_timestamp)]
+"""An RFC 3339 time as text (``2024-05-01T10:00:00Z``); a YAML datetime is converted."""
+
+
+# --- quantities ---------------------------------------------------------------------------------
+
+
+def _quantity(min_bytes: int = 0, max_bytes: int | None = None, multiple_of: int = 1) -> Any:
+    """A quantity field (``str`` as written, or ``int`` bytes) checked to lie within bounds."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, float):
+            value = repr(value)
+        n = parse_quantity(value)  # ValueError says which forms are accepted
+        shown = value if isinstance(value, int) else f"'{value}'"
+        if n < min_bytes:
+            raise ValueError(
+                f"must be greater than zero, got {shown}"
+                if min_bytes == 1
+                else f"{shown} is {n} bytes, below the minimum of {min_bytes} bytes"
+            )
+        if max_bytes is not None and n > max_bytes:
+            raise ValueError(f"{shown} is {n} bytes, above the maximum of {max_bytes} bytes")
+        if n % multiple_of:
+            raise ValueError(f"{shown} is {n} bytes, not a multiple of {multiple_of} bytes")
+        return value.strip() if isinstance(value, str) else value
+
+    return Annotated[
+        Union[str, int],
+        BeforeValidator(check),
+        Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+    ]
+
+
+Quota = _quantity(min_bytes=1)
+"""A level's quota: a quantity greater than zero."""
+BlockSize = _quantity(min_bytes=64 * 1024, max_bytes=64 * 1024**2, multiple_of=4096)
+"""A block size: a quantity between 64Ki and 64Mi, a multiple of 4096 bytes."""
+
+
+# --- schemes ------------------------------------------------------------------------------------
+
+# Schemes a Mount may not use although fsspec knows them: "datacache" would read a dataset
+# through itself, and fsspec's caching wrappers would cache a cache.
+_EXCLUDED_SCHEMES = frozenset({"datacache", "blockcache", "cached", "filecache", "simplecache"})
+_EXTRA_SCHEMES: set[str] = {"file", "local"}
+# Shown first in "known: ..." lists: the schemes users most likely meant.
+_POPULAR_SCHEMES = ("s3", "gs", "az", "http", "https", "file", "memory", "sftp")
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
+
+
+def register_scheme(name: str) -> None:
+    """Allow mounts with ``name://...`` (for runtime plugins that serve their own scheme).
+
+    Raises ``ValueError`` if ``name`` is not a lowercase URL scheme (``[a-z][a-z0-9+.-]*``).
+    """
+    if not isinstance(name, str) or not _SCHEME.match(name):
+        raise ValueError(f"{name!r} is not a valid scheme: use lowercase letters, digits, '+', '.', '-'")
+    _EXTRA_SCHEMES.add(name)
+
+
+def known_schemes() -> frozenset[str]:
+    """Schemes a Mount may use: fsspec's known and registered ones, ``file``/``local`` and plugins'."""
+    names = set(_fsspec_known) | set(_fsspec_registry)  # both are live views
+    return frozenset((names - _EXCLUDED_SCHEMES) | _EXTRA_SCHEMES)
+
+
+def _scheme_list(known: frozenset[str]) -> str:
+    shown = [s for s in _POPULAR_SCHEMES if s in known]
+    return ", ".join(shown + ["..."])
+
+
+# --- metadata -----------------------------------------------------------------------------------
+
+
+class ObjectMeta(_Model):
+    """``metadata``: the resource's name and namespace (RFC 1123 labels), labels and annotations."""
+
+    name: DnsLabel
+    namespace: DnsLabel = "default"
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    creation_timestamp: Timestamp | None = None  # RFC 3339, set by the control plane
+
+
+class Condition(_Model):
+    """A status condition, as in Kubernetes: ``type`` is ``True``/``False``/``Unknown`` since a time."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: Timestamp | None = None
+
+
+# --- Dataset ------------------------------------------------------------------------------------
+
+
+class SecretKeySelector(_Model):
+    """One key of a Secret (Kubernetes), or of the local secret store in embedded mode."""
+
+    name: DnsSubdomain
+    key: Annotated[str, Field(min_length=1, pattern=r"^[-._a-zA-Z0-9]+$")]
+
+
+class EncryptOptionSource(_Model):
+    """Where an encrypted option's value comes from: only ``secretKeyRef`` is supported."""
+
+    secret_key_ref: SecretKeySelector
+
+
+class EncryptOption(_Model):
+    """An fsspec option whose value is secret (``name`` is the option, e.g. ``secret``)."""
+
+    name: Annotated[str, Field(min_length=1)]
+    value_from: EncryptOptionSource
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_value(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "value" in data:
+            raise FieldProblems([(
+                ("value",),
+                "inline secret values are not allowed: store the value in a Secret and "
+                "reference it with valueFrom.secretKeyRef {name, key}",
+            )])
+        return data
+
+
+# Option names whose values are credentials: they belong in encryptOptions, never in plain YAML.
+_SECRET_OPTION_NAMES = frozenset({
+    "secret", "password", "token", "session_token", "secret_access_key", "aws_secret_access_key",
+    "aws_session_token", "account_key", "sas_token", "client_secret",
+})
+
+
+class Mount(_Model):
+    """One source (UFS) of a Dataset.
+
+    ``mount_point`` is ``scheme://...`` or an absolute local path (meaning ``file://``);
+    ``path`` is where the mount appears in the dataset namespace; after a :class:`DatasetSpec` is
+    validated it is always set (``/`` for a single mount, else ``/{name}``, as in Fluid).
+    ``options`` go to the fsspec filesystem as keyword arguments.
+    """
+
+    name: DnsLabel
+    mount_point: str
+    path: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    encrypt_options: list[EncryptOption] = Field(default_factory=list)
+    read_only: bool = True
+
+    @field_validator("mount_point")
+    @classmethod
+    def _check_mount_point(cls, value: str) -> str:
+        if value.startswith("/"):
+            return value
+        match = _URL.match(value)
+        if match is None:
+            raise ValueError(
+                f"'{value}' is neither a URL nor an absolute path: write scheme://... "
+                "(e.g. s3://bucket/prefix) or /absolute/local/path"
+            )
+        scheme = match["scheme"].lower()
+        known = known_schemes()
+        if scheme not in known:
+            raise ValueError(f"unsupported scheme '{match['scheme']}' (known: {_scheme_list(known)})")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_namespace_path(value, "mount path")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _check_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problems: list[tuple[Loc, str]] = []
+        for key, item in value.items():
+            if key.lower() in _SECRET_OPTION_NAMES:
+                problems.append(((key,), (
+                    f"'{key}' is a credential: do not write it in plain text, put it in a Secret "
+                    "and reference it from encryptOptions (valueFrom.secretKeyRef)"
+                )))
+            elif not isinstance(item, (str, int, float, bool)):
+                problems.append(((key,), f"expected a string, number or boolean, got {describe(item)}"))
+        if problems:
+            raise FieldProblems(problems)
+        return value
+
+    @model_validator(mode="after")
+    def _check_encrypt_options(self) -> "Mount":
+        problems: list[tuple[Loc, str]] = []
+        seen: dict[str, int] = {}
+        for i, option in enumerate(self.encrypt_options):
+            if option.name in seen:
+                problems.append((("encryptOptions", i, "name"),
+                                 f"duplicate option '{option.name}' (also encryptOptions[{seen[option.name]}])"))
+            elif option.name in self.options:
+                problems.append((("encryptOptions", i, "name"),
+                                 f"option '{option.name}' is also set in options: set it in one place"))
+            seen.setdefault(option.name, i)
+        if problems:
+            raise FieldProblems(problems)
+        return self
+
+    @property
+    def scheme(self) -> str:
+        """The UFS scheme, lowercase: ``s3`` for ``s3://b/p``, ``file`` for ``/data``."""
+        if self.mount_point.startswith("/"):
+            return "file"
+        return self.mount_point.split("://", 1)[0].lower()
+
+
+def _check_namespace_path(value: str, what: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is an absolute, normalised path without '..'."""
+    if not value.startswith("/"):
+        raise ValueError(f"{what} '{value}' must be absolute (start with '/')")
+    parts = value.split("/")[1:]
+    if ".." in parts:
+        raise ValueError(f"{what} '{value}' must not contain '..'")
+    normal = "/" + "/".join(p for p in parts if p not in ("", "."))
+    if value != normal:
+        raise ValueError(f"{what} '{value}' is not normalised: write '{normal}'")
+
+
+def _is_within(child: str, parent: str) -> bool:
+    return parent == "/" or child.startswith(parent + "/")
+
+
+class DatasetSpec(_Model):
+    """``Dataset.spec``: the mounts aggregated into one namespace, and where the cache may live."""
+
+    mounts: Annotated[list[Mount], Field(min_length=1)]
+    access_modes: list[Literal["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]] = Field(
+        default_factory=lambda: ["ReadOnlyMany"]
+    )
+    placement: Literal["Exclusive", "Shared"] = "Exclusive"
+    node_affinity: dict[str, Any] | None = None
+    auto_sync_interval: Annotated[int, Field(ge=0)] | None = None  # seconds; None: no automatic sync
+
+    @model_validator(mode="after")
+    def _fill_and_check_mounts(self) -> "DatasetSpec":
+        defaulted = set()
+        for i, mount in enumerate(self.mounts):
+            if mount.path is None:
+                mount.path = "/" if len(self.mounts) == 1 else f"/{mount.name}"
+                defaulted.add(i)
+        problems: list[tuple[Loc, str]] = []
+        first_by_name: dict[str, int] = {}
+        for i, mount in enumerate(self.mounts):
+            if mount.name in first_by_name:
+                problems.append((("mounts", i, "name"),
+                                 f"duplicate mount name '{mount.name}' (also mounts[{first_by_name[mount.name]}])"))
+            else:
+                first_by_name[mount.name] = i
+
+        def where(i: int) -> str:
+            m = self.mounts[i]
+            note = " (the default path)" if i in defaulted else ""
+            return f"mount '{m.name}' at '{m.path}'{note}"
+
+        for j, b in enumerate(self.mounts):
+            for i, a in enumerate(self.mounts[:j]):
+                if a.name == b.name:
+                    continue  # already reported as a duplicate name
+                assert a.path is not None and b.path is not None
+                if a.path == b.path:
+                    msg = f"{where(j)} has the same path as {where(i)}: give each mount its own path"
+                elif _is_within(b.path, a.path):
+                    msg = f"{where(j)} is inside {where(i)}: mount paths must not be nested"
+                elif _is_within(a.path, b.path):
+                    msg = f"{where(j)} contains {where(i)}: mount paths must not be nested"
+                else:
+                    continue
+                problems.append((("mounts", j, "path"), msg))
+        if problems:
+            raise FieldProblems(problems)
+        return self
+
+
+class CacheStates(_Model):
+    """Cache figures shown by ``datacache get datasets`` (sizes as formatted by ``format_bytes``)."""
+
+    cached: str | None = None
+    cache_capacity: str | None = None
+    cached_percentage: str | None = None
+    cache_hit_ratio: str | None = None
+
+
+class DatasetStatus(_Model):
+    """``Dataset.status``, written by the control plane."""
+
+    phase: Literal["Pending", "Bound", "NotBound", "Failed", "Updating"] = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    ufs_total: str | None = None
+    file_num: int | None = None
+    cache_states: CacheStates | None = None
+    mounts: list[Mount] | None = None
+
+
+class Dataset(_Model):
+    """A Dataset: one namespace aggregating the mounts' UFSes."""
+
+    api_version: Literal["datacache.io/v1alpha1"] = API_VERSION
+    kind: Literal["Dataset"] = "Dataset"
+    metadata: ObjectMeta
+    spec: DatasetSpec
+    status: DatasetStatus | None = None
+
+
+# --- CacheRuntime -------------------------------------------------------------------------------
+
+_MEDIUM_ORDER = {"MEM": 0, "SSD": 1, "HDD": 2}
+
+
+class Level(_Model):
+    """One tier of the cache: a medium, where it lives, its size and its eviction watermarks.
+
+    ``quota`` is a quantity (kept as written; :attr:`quota_bytes` gives bytes). Eviction starts
+    when usage exceeds ``high`` × quota and stops below ``low`` × quota (fractions in (0, 1]).
+    ``path`` is a directory; a relative one is taken relative to ``$DATACACHE_HOME`` in embedded
+    mode (so example files work on any machine).
+    """
+
+    mediumtype: Literal["MEM", "SSD", "HDD"]
+    path: str | None = None
+    quota: Quota
+    high: Annotated[float, Field(gt=0, le=1)] = 0.95
+    low: Annotated[float, Field(ge=0, lt=1)] = 0.7
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or "\0" in value or ".." in value.split("/")):
+            raise ValueError(f"'{value}' is not a usable directory path: give an absolute path or one "
+                             "relative to $DATACACHE_HOME, without '..'")
+        return value
+
+    @model_validator(mode="after")
+    def _check_level(self) -> "Level":
+        problems: list[tuple[Loc, str]] = []
+        if self.path is None and self.mediumtype != "MEM":
+            problems.append((("path",), f"missing required field: the {self.mediumtype} level needs a directory"))
+        if self.low >= self.high:
+            problems.append((("low",), f"low watermark {self.low:g} must be below high watermark {self.high:g}"))
+        if problems:
+            raise FieldProblems(problems)
+        return self
+
+    @property
+    def quota_bytes(self) -> int:
+        """The quota in bytes."""
+        return parse_quantity(self.quota)
+
+
+class TieredStore(_Model):
+    """``tieredstore``: the cache tiers, at most one per medium."""
+
+    levels: Annotated[list[Level], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _check_levels(self) -> "TieredStore":
+        problems: list[tuple[Loc, str]] = []
+        by_medium: dict[str, int] = {}
+        by_path: dict[str, int] = {}
+        for i, level in enumerate(self.levels):
+            if level.mediumtype in by_medium:
+                problems.append((("levels", i, "mediumtype"), (
+                    f"duplicate level '{level.mediumtype}' (also levels[{by_medium[level.mediumtype]}]): "
+                    "use one level per medium"
+                )))
+            by_medium.setdefault(level.mediumtype, i)
+            if level.path is not None:
+                if level.path in by_path:
+                    problems.append((("levels", i, "path"),
+                                     f"path '{level.path}' is also used by levels[{by_path[level.path]}]"))
+                by_path.setdefault(level.path, i)
+        if problems:
+            raise FieldProblems(problems)
+        return self
+
+    @property
+    def ordered_levels(self) -> list[Level]:
+        """The levels from fastest to slowest: MEM, SSD, HDD."""
+        return sorted(self.levels, key=lambda level: _MEDIUM_ORDER[level.mediumtype])
+
+
+class FuseSpec(_Model):
+    """``fuse``: mount options (``-o`` style, name → value), read-ahead in blocks, attribute TTL in seconds."""
+
+    options: dict[str, str] = Field(default_factory=dict)
+    read_ahead_blocks: Annotated[int, Field(ge=0)] = 4
+    attr_timeout: Annotated[float, Field(ge=0)] = 60.0
+
+
+class WorkerSpec(_Model):
+    """``worker``: the cache worker's TCP port (None: chosen by the control plane)."""
+
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+
+
+class CacheRuntimeSpec(_Model):
+    """``CacheRuntime.spec``: worker count, block size, tiers, FUSE and worker settings.
+
+    ``block_size`` is a quantity between 64Ki and 64Mi and a multiple of 4096 bytes (default 4Mi).
+    """
+
+    replicas: Annotated[int, Field(ge=0)] = 1
+    block_size: BlockSize = "4Mi"
+    tieredstore: TieredStore
+    fuse: FuseSpec = Field(default_factory=FuseSpec)
+    worker: WorkerSpec = Field(default_factory=WorkerSpec)
+
+    @property
+    def block_size_bytes(self) -> int:
+        """The block size in bytes."""
+        return parse_quantity(self.block_size)
+
+
+class RuntimeStatus(_Model):
+    """``CacheRuntime.status``, written by the control plane (sizes as ``format_bytes`` prints them)."""
+
+    phase: Literal["Pending", "NotReady", "PartialReady", "Ready", "Failed"] = "Pending"
+    desired_workers: int | None = None
+    ready_workers: int | None = None
+    cache_capacity: str | None = None
+    cached: str | None = None
+    workers: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class CacheRuntime(_Model):
+    """The built-in cache engine for the Dataset of the same name and namespace."""
+
+    api_version: Literal["datacache.io/v1alpha1"] = API_VERSION
+    kind: Literal["CacheRuntime"] = "CacheRuntime"
+    metadata: ObjectMeta
+    spec: CacheRuntimeSpec
+    status: RuntimeStatus | None = None
+
+
+# --- DataLoad -----------------------------------------------------------------------------------
+
+_CRON_FIELDS = (
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day of month", 1, 31, ()),
+    ("month", 1, 12, ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")),
+    ("day of week", 0, 7, ("sun", "mon", "tue", "wed", "thu", "fri", "sat")),
+)
+_CRON_ITEM = re.compile(r"^(?:\*|(?P<lo>\w+)(?:-(?P<hi>\w+))?)(?:/(?P<step>\d+))?$")
+
+
+def _check_cron(schedule: str) -> None:
+    """Raise ``ValueError`` unless ``schedule`` is a 5-field cron expression."""
+    fields = schedule.split()
+    if len(fields) != 5:
+        raise ValueError(
+            f"'{schedule}' has {len(fields)} field(s): a cron schedule has 5 "
+            "(minute hour day-of-month month day-of-week, e.g. '0 3 * * *')"
+        )
+    for text, (what, low, high, names) in zip(fields, _CRON_FIELDS):
+        for item in text.split(","):
+            match = _CRON_ITEM.match(item)
+            ok = match is not None and (match["step"] is None or int(match["step"]) > 0)
+            if ok:
+                for bound in (match["lo"], match["hi"]):
+                    if bound is None:
+                        continue
+                    if bound.isdigit():
+                        ok = ok and low <= int(bound) <= high
+                    else:
+                        ok = ok and bound.lower() in names
+            if not ok:
+                raise ValueError(f"'{schedule}': '{text}' is not a valid {what} field ({low}-{high})")
+
+
+class DataLoadDataset(_Model):
+    """The Dataset a DataLoad warms up."""
+
+    name: DnsLabel
+    namespace: DnsLabel = "default"
+
+
+class DataLoadTarget(_Model):
+    """A path in the dataset namespace to load: a directory, a file or a glob (``/train/*.tar``)."""
+
+    path: str
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"'{value}' must be a path in the dataset namespace, starting with '/'")
+        if ".." in value.split("/"):
+            raise ValueError(f"'{value}' must not contain '..'")
+        return value
+
+
+class DataLoadSpec(_Model):
+    """``DataLoad.spec``: what to load (empty ``target`` means everything) and when.
+
+    ``policy``: ``Once``; ``Cron`` on ``schedule`` (5-field cron, required for Cron only);
+    ``OnEvent`` whenever the dataset's manifest changes.
+    """
+
+    dataset: DataLoadDataset
+    target: list[DataLoadTarget] = Field(default_factory=list)
+    load_metadata: bool = False
+    policy: Literal["Once", "Cron", "OnEvent"] = "Once"
+    schedule: str | None = None
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> "DataLoadSpec":
+        if self.policy == "Cron":
+            if self.schedule is None:
+                raise FieldProblems([(("schedule",), (
+                    "missing required field: policy Cron needs a cron schedule, e.g. '0 3 * * *'"
+                ))])
+            try:
+                _check_cron(self.schedule)
+            except ValueError as err:
+                raise FieldProblems([(("schedule",), str(err))]) from None
+        elif self.schedule is not None:
+            raise FieldProblems([(("schedule",), (
+                f"a schedule is only used with policy Cron (policy is {self.policy}): "
+                "remove it or set policy: Cron"
+            ))])
+        return self
+
+
+class TargetStatus(_Model):
+    """Progress of one DataLoad target: files and bytes found, bytes cached, failures."""
+
+    path: str
+    files: int = 0
+    bytes: int = 0
+    cached_bytes: int = 0
+    phase: Literal["Pending", "Executing", "Complete", "Failed"] = "Pending"
+    failures: list[str] = Field(default_factory=list)
+
+
+class DataLoadStatus(_Model):
+    """``DataLoad.status``, written by the control plane (times RFC 3339, duration as text)."""
+
+    phase: Literal["Pending", "Executing", "Complete", "Failed"] = "Pending"
+    duration: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    targets: list[TargetStatus] = Field(default_factory=list)
+    last_schedule_time: Timestamp | None = None
+    last_successful_time: Timestamp | None = None
+
+
+class DataLoad(_Model):
+    """A warmup job: load a Dataset's targets into its runtime's cache."""
+
+    api_version: Literal["datacache.io/v1alpha1"] = API_VERSION
+    kind: Literal["DataLoad"] = "DataLoad"
+    metadata: ObjectMeta
+    spec: DataLoadSpec
+    status: DataLoadStatus | None = None
+
+
+Resource = Annotated[Union[Dataset, CacheRuntime, DataLoad], Field(discriminator="kind")]
+"""Any resource; pydantic picks the class from ``kind``."""
+
+KINDS: dict[str, type[BaseModel]] = {
+    "Dataset": Dataset,
+    "CacheRuntime": CacheRuntime,
+    "DataLoad": DataLoad,
+}
+"""Kind name → model class."""
+
+
+def describe(value: Any) -> str:
+    """Describe a YAML value for an error message: ``'abc'``, ``42``, ``true``, ``a list``, ``null``."""
+    if value is None:
+        return "null (an empty value)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value if len(value) <= 60 else value[:57] + "...")
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__

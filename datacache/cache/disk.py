@@ -1,0 +1,158 @@
+"""SSD/HDD tier: block files under one cache directory, indexed by diskcache.
+
+Layout and safety:
+- diskcache keeps the index (key, size, access time, checksum as its ``tag``) in SQLite and each
+  block in its own file; directories are created 0700 and block files 0600, so a second local user
+  cannot read cached data (case C10).
+- The quota counts what is on disk under the directory (block files, the SQLite database and its
+  WAL). A put takes an exclusive lock (a thread lock plus ``flock`` for other processes sharing the
+  directory), evicts least recently used blocks from the high to the low watermark when the new
+  block would pass the high mark, then writes. So the quota holds while many fills run at once
+  (cases C1, C2), across processes, with at most the block being written in flight.
+- Every block is verified against its xxh3 checksum when read; a corrupt block is dropped and
+  reported as a miss, so the caller refetches it and never returns wrong bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+
+import diskcache
+
+from datacache.cache.blocks import checksum
+
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+
+
+class _PrivateDisk(diskcache.Disk):
+    """diskcache storage that creates directories 0700 and files 0600."""
+
+    def _write(self, full_path, iterator, mode, encoding=None):
+        os.makedirs(os.path.dirname(full_path), mode=_DIR_MODE, exist_ok=True)
+        fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
+            size = 0
+            for chunk in iterator:
+                size += len(chunk)
+                writer.write(chunk)
+            return size
+
+
+class DiskTier:
+    """Block files under ``path`` bounded by ``quota`` bytes with ``high``/``low`` watermarks.
+
+    ``medium`` is "SSD" or "HDD" (only reported). Raises ``OSError`` if the directory cannot be
+    created. Counters: ``hits``, ``misses``, ``evictions``, ``corrupt`` (this process only).
+    """
+
+    def __init__(self, path: str, quota: int, high: float = 0.95, low: float = 0.7, medium: str = "SSD"):
+        self.path = os.path.abspath(path)
+        self.medium = medium
+        self.quota = quota
+        self._high = int(quota * high)
+        self._low = int(quota * low)
+        os.makedirs(self.path, mode=_DIR_MODE, exist_ok=True)
+        os.chmod(self.path, _DIR_MODE)
+        self._lock = threading.Lock()
+        self._lock_fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        self._cache = diskcache.Cache(
+            self.path,
+            disk=_PrivateDisk,
+            eviction_policy="least-recently-used",
+            size_limit=2**62,  # culling is ours (watermarks), never diskcache's own
+            cull_limit=0,
+            disk_min_file_size=0,
+            # Keep the write-ahead log small: it counts against the quota too.
+            sqlite_wal_autocheckpoint=64,
+            sqlite_journal_size_limit=1 << 20,
+        )
+        for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(os.path.join(self.path, name), _FILE_MODE)
+        self.evictions = 0
+        self.corrupt = 0
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        with self._lock:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def used(self) -> int:
+        """Bytes on disk under the directory: blocks, index database and its write-ahead log."""
+        wal = os.path.join(self.path, "cache.db-wal")
+        try:
+            wal_size = os.path.getsize(wal)
+        except FileNotFoundError:
+            wal_size = 0
+        return self._cache.volume() + wal_size
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._cache
+
+    def get(self, key: str) -> bytes | None:
+        """The block's bytes, or None when absent or corrupt (a corrupt block is deleted)."""
+        found = self._cache.get(key, read=True, tag=True)
+        handle, tag = found
+        if handle is None:
+            return None
+        with handle:
+            data = handle.read()
+        if checksum(data) != tag:
+            self.corrupt += 1
+            self._cache.delete(key)
+            return None
+        return data
+
+    def block_file(self, key: str) -> str | None:
+        """Path of the block's file (for short-circuit reads and sendfile), or None."""
+        handle = self._cache.get(key, read=True)
+        if handle is None:
+            return None
+        handle.close()
+        return handle.name
+
+    def put(self, key: str, data: bytes | memoryview) -> bool:
+        """Store a block; False when it cannot fit under the high watermark even in an empty tier."""
+        size = len(data)
+        if size > self._high:
+            return False
+        with self._exclusive():
+            if key in self._cache:
+                return True
+            if self.used() + size > self._high:
+                self._evict_to(self._low - size)
+            self._cache.set(key, bytes(data), tag=checksum(data))
+        return True
+
+    def _evict_to(self, target: int) -> None:
+        before = len(self._cache)
+        overhead = self.used() - self._cache.volume()  # the WAL, which diskcache does not count
+        self._cache.reset("size_limit", max(target - overhead, 0))
+        try:
+            self._cache.cull()
+        finally:
+            self._cache.reset("size_limit", 2**62)
+        self.evictions += before - len(self._cache)
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every block whose key starts with ``prefix``; returns how many."""
+        doomed = [k for k in self._cache.iterkeys() if isinstance(k, str) and k.startswith(prefix)]
+        for k in doomed:
+            self._cache.delete(k)
+        return len(doomed)
+
+    def keys(self):
+        """Iterate over stored block keys."""
+        return (k for k in self._cache.iterkeys() if isinstance(k, str))
+
+    def close(self) -> None:
+        self._cache.close()
+        os.close(self._lock_fd)

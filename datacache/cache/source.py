@@ -1,0 +1,143 @@
+"""The block source: blocks by (file version, index), from the tiered store or filled from the UFS.
+
+This is the interface the Reader and warmup use (``get``, ``prefetch``, ``fill``, ``is_cached``);
+the local implementation here owns a tiered store. Fills are single-flight: concurrent requests of
+one missing block share one UFS read. Every fill holds its bytes against one shared
+:class:`~datacache.cache.budget.MemoryBudget`, so read-ahead and warmup cannot grow memory past it.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from datacache.cache.blocks import BlockKey, block_count, block_range, file_id
+from datacache.cache.budget import MemoryBudget
+from datacache.cache.stats import HitStats
+from datacache.cache.tiered import TieredStore
+from datacache.errors import StaleFileError
+from datacache.manifest import FileEntry
+
+
+class LocalBlockSource:
+    """Blocks of dataset ``dataset`` cut at ``block_size`` bytes.
+
+    ``store``: the tiered store; ``ufs``: a ``UnionNamespace`` (its ``read`` gives exact-version
+    bytes); ``budget``: shared memory budget; ``stats``: hit counters (or None); ``fill_threads``:
+    UFS reads in flight at most (read-ahead and warmup; demand reads run in the caller's thread).
+    UFS errors propagate unchanged (StaleFileError, FileNotFoundError, UFSUnavailableError).
+    """
+
+    def __init__(self, dataset: str, store: TieredStore, ufs, block_size: int, budget: MemoryBudget,
+                 stats: HitStats | None = None, fill_threads: int = 16):
+        self.dataset = dataset
+        self.store = store
+        self.ufs = ufs
+        self.block_size = block_size
+        self.budget = budget
+        self.stats = stats
+        self._inflight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(fill_threads, thread_name_prefix="datacache-fill")
+        self.ufs_bytes = 0
+
+    def key(self, entry: FileEntry, index: int) -> BlockKey:
+        return BlockKey(self.dataset, file_id(entry.mount, entry.ufs_path, entry.version, self.block_size), index)
+
+    def is_cached(self, entry: FileEntry, index: int) -> bool:
+        return str(self.key(entry, index)) in self.store
+
+    def get(self, entry: FileEntry, index: int) -> bytes:
+        """Block ``index`` of ``entry`` (short only for the last block). Counts a hit or a miss."""
+        key = str(self.key(entry, index))
+        data = self.store.get(key)
+        if self.stats is not None:
+            self.stats.count(self.dataset, data is not None)
+        if data is not None:
+            return data
+        return self._single_flight(key, entry, index, blocking=True).result()
+
+    def prefetch(self, entry: FileEntry, index: int) -> None:
+        """Start filling a block in the background if it is missing and the budget allows."""
+        if index >= block_count(entry.size, self.block_size):
+            return
+        key = str(self.key(entry, index))
+        if key not in self.store:
+            self._single_flight(key, entry, index, blocking=False, background=True)
+
+    def fill(self, entry: FileEntry, first: int, last: int) -> int:
+        """Warmup: make blocks ``first..last`` (inclusive) cached with one UFS read of the missing
+        span. Returns the bytes newly stored; raises the UFS's error, or ``OSError(ENOSPC)`` when
+        the store cannot keep a block."""
+        missing = [i for i in range(first, last + 1) if not self.is_cached(entry, i)]
+        if not missing:
+            return 0
+        start = block_range(missing[0], entry.size, self.block_size)[0]
+        end = block_range(missing[-1], entry.size, self.block_size)[1]
+        self.budget.acquire(end - start)
+        try:
+            data = self._read_ufs(entry, start, end)
+            stored = 0
+            for i in missing:
+                b0, b1 = block_range(i, entry.size, self.block_size)
+                if not self.store.put(str(self.key(entry, i)), data[b0 - start:b1 - start]):
+                    raise OSError(errno.ENOSPC, f"a block of {b1 - b0} bytes does not fit in the cache "
+                                                "quota: raise tieredstore.levels[].quota", entry.path)
+                stored += b1 - b0
+            return stored
+        finally:
+            self.budget.release(end - start)
+
+    def _single_flight(self, key: str, entry: FileEntry, index: int, blocking: bool,
+                       background: bool = False) -> Future:
+        with self._lock:
+            fut = self._inflight.get(key)
+            if fut is not None:
+                return fut
+            size = block_range(index, entry.size, self.block_size)
+            nbytes = size[1] - size[0]
+            if not self.budget.acquire(nbytes, blocking=blocking):
+                return _done(None)
+            fut = Future()
+            self._inflight[key] = fut
+        job = lambda: self._fill_one(key, entry, index, nbytes, fut)  # noqa: E731
+        if background:
+            self._pool.submit(job)
+        else:
+            job()
+        return fut
+
+    def _fill_one(self, key: str, entry: FileEntry, index: int, nbytes: int, fut: Future) -> None:
+        try:
+            start, end = block_range(index, entry.size, self.block_size)
+            data = self._read_ufs(entry, start, end)
+            self.store.put(key, data)  # a block that cannot be kept is still returned
+            fut.set_result(data)
+        except BaseException as err:  # handed to every waiter
+            fut.set_exception(err)
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+            self.budget.release(nbytes)
+
+    def _read_ufs(self, entry: FileEntry, start: int, end: int) -> bytes:
+        data = self.ufs.read(entry.mount, entry.ufs_path, entry.version, start, end)
+        self.ufs_bytes += len(data)
+        if len(data) != end - start:
+            raise StaleFileError(entry.path, f"the UFS returned {len(data)} bytes for [{start}, {end}) "
+                                             f"of a {entry.size}-byte file: it changed size")
+        return data
+
+    def close(self) -> None:
+        """Stop read-ahead, then close the store and counters this source owns."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.stats is not None:
+            self.stats.close()
+        self.store.close()
+
+
+def _done(value) -> Future:
+    fut: Future = Future()
+    fut.set_result(value)
+    return fut

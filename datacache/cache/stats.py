@@ -1,0 +1,54 @@
+"""Cache hit counters per dataset, shared by every process using one cache directory.
+
+Counted in memory and added to a small diskcache (no eviction) at most once a second and on close,
+so the read path pays no database write per block. ``cacheHitRatio`` = hits / (hits + misses),
+counted per block requested by readers (read-ahead is not counted), as Fluid reports it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+
+import diskcache
+
+
+class HitStats:
+    """Counters ``hits``/``misses`` per dataset stored under ``path``."""
+
+    def __init__(self, path: str, flush_every: float = 1.0):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        self._db = diskcache.Cache(path, eviction_policy="none")
+        self._pending: Counter = Counter()
+        self._lock = threading.Lock()
+        self._flush_every = flush_every
+        self._last = time.monotonic()
+
+    def count(self, dataset: str, hit: bool) -> None:
+        with self._lock:
+            self._pending[(dataset, "hits" if hit else "misses")] += 1
+        if time.monotonic() - self._last > self._flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, Counter()
+            self._last = time.monotonic()
+        for (dataset, name), n in pending.items():
+            self._db.incr(f"{dataset}/{name}", n)
+
+    def get(self, dataset: str) -> tuple[int, int]:
+        """``(hits, misses)`` stored so far (after this process's pending counts are flushed)."""
+        self.flush()
+        return self._db.get(f"{dataset}/hits", 0), self._db.get(f"{dataset}/misses", 0)
+
+    def reset(self, dataset: str) -> None:
+        self.flush()
+        for name in ("hits", "misses"):
+            self._db.delete(f"{dataset}/{name}")
+
+    def close(self) -> None:
+        self.flush()
+        self._db.close()

@@ -1,0 +1,94 @@
+"""Tiered store: MEM over SSD/HDD, as in Fluid's ``tieredstore.levels``.
+
+Policy (stated once, here):
+
+| event            | what happens                                                          |
+|------------------|-----------------------------------------------------------------------|
+| put              | written to the first disk level (SSD, else HDD) and, if present, MEM  |
+| get, MEM hit     | served from MEM                                                       |
+| get, disk hit    | verified by checksum, served, promoted to MEM (hot blocks stay there) |
+| level past high  | LRU blocks of that level go until it is at its low watermark          |
+| only MEM level   | MEM is the cache; blocks are lost when the process ends               |
+
+Blocks evicted from SSD are dropped, not demoted to HDD: a block is cheaper to refetch from the
+UFS than to copy between local media on the read path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from datacache.cache.disk import DiskTier
+from datacache.cache.memory import MemoryTier
+
+
+@dataclass(frozen=True)
+class LevelUsage:
+    """One level's ``medium``, ``path`` ('' for MEM), ``quota`` and ``used`` in bytes."""
+
+    medium: str
+    path: str
+    quota: int
+    used: int
+
+
+class TieredStore:
+    """Blocks by key (``str(BlockKey)``) over ``levels`` ordered fastest first (MEM, SSD, HDD)."""
+
+    def __init__(self, levels: list[MemoryTier | DiskTier]):
+        if not levels:
+            raise ValueError("a tiered store needs at least one level")
+        self.levels = levels
+        self._mem = next((lv for lv in levels if isinstance(lv, MemoryTier)), None)
+        self._disk = next((lv for lv in levels if isinstance(lv, DiskTier)), None)
+
+    def get(self, key: str) -> bytes | None:
+        """The block's bytes from the fastest level holding it, or None."""
+        if self._mem is not None:
+            data = self._mem.get(key)
+            if data is not None:
+                return data
+        if self._disk is not None:
+            data = self._disk.get(key)
+            if data is not None:
+                if self._mem is not None:
+                    self._mem.put(key, data)
+                return data
+        return None
+
+    def __contains__(self, key: str) -> bool:
+        return any(key in lv for lv in self.levels)
+
+    def put(self, key: str, data: bytes) -> bool:
+        """Store a block; False when no level could keep it (larger than every level's quota)."""
+        stored = False
+        if self._disk is not None:
+            stored = self._disk.put(key, data)
+        if self._mem is not None:
+            stored = self._mem.put(key, data) or stored
+        return stored
+
+    def block_file(self, key: str) -> str | None:
+        """Path of a block's file on the disk level, for short-circuit reads; None if not on disk."""
+        return self._disk.block_file(key) if self._disk is not None else None
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Drop every block whose key starts with ``prefix`` from every level; returns the count."""
+        return max(lv.delete_prefix(prefix) for lv in self.levels)
+
+    @property
+    def capacity(self) -> int:
+        """Bytes the store can hold: the largest level's quota (MEM caches what SSD holds)."""
+        return max(lv.quota for lv in self.levels)
+
+    def used(self) -> int:
+        """Bytes held by the largest level."""
+        return max(self.levels, key=lambda lv: lv.quota).used()
+
+    def usage(self) -> list[LevelUsage]:
+        """Per-level quota and use."""
+        return [LevelUsage(lv.medium, getattr(lv, "path", ""), lv.quota, lv.used()) for lv in self.levels]
+
+    def close(self) -> None:
+        for lv in self.levels:
+            lv.close()

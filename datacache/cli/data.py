@@ -1,0 +1,128 @@
+"""Data verbs: warmup, sync, ls, cat, demo."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import click
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
+
+from datacache.api.quantity import format_bytes
+from datacache.cli.resources import home_option, namespace_option
+from datacache.control.embedded import Embedded
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """``DATASET[/path]`` -> ``(dataset, path)``."""
+    dataset, _, path = target.strip("/").partition("/")
+    if not dataset:
+        raise click.BadParameter("give DATASET or DATASET/path", param_hint="TARGET")
+    return dataset, path
+
+
+def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str = "default",
+               quiet: bool = False) -> bool:
+    """Warm up with a live progress bar (files, bytes, rate, ETA) on stderr and a summary on
+    stdout; returns True when every target is Complete."""
+    columns = (TextColumn("[bold]warmup"), BarColumn(), TextColumn("{task.fields[files]} files"),
+               DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), disable=quiet) as bar:
+        task = bar.add_task("warmup", total=None, files="0/?")
+
+        def on_progress(p):
+            bar.update(task, total=p.bytes_total, completed=p.bytes_done, files=f"{p.files_done}/{p.files_total}")
+
+        name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress)
+    rate = result.loaded_bytes / result.duration if result.duration else 0.0
+    click.echo(f"dataload.datacache.io/{name}: {'Complete' if result.ok else 'Failed'} in {result.duration:.1f}s, "
+               f"{format_bytes(result.loaded_bytes)} loaded from the UFS ({format_bytes(rate)}/s)")
+    for t in result.targets:
+        click.echo(f"  {t.path}: {t.phase}: {t.files} files, {format_bytes(t.cached_bytes)} of "
+                   f"{format_bytes(t.bytes)} cached")
+        for failure in t.failures:
+            click.echo(f"    failed: {failure}")
+    if not result.ok:
+        failed = ", ".join(t.path for t in result.targets if t.phase != "Complete")
+        click.echo(f"error: warmup incomplete for: {failed}", err=True)
+    return result.ok
+
+
+@click.command()
+@click.argument("dataset")
+@click.argument("paths", nargs=-1)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@namespace_option
+@home_option
+def warmup(dataset, paths, quiet, namespace, home):
+    """Load DATASET (or PATHS inside it: files, directories, globs) into the cache.
+
+    Exits 1 when any target is missing or could not be cached completely, naming it.
+    """
+    if not run_warmup(Embedded(home), dataset, list(paths), namespace, quiet):
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("dataset")
+@namespace_option
+@home_option
+def sync(dataset, namespace, home):
+    """Re-list DATASET's mounts: a new manifest; changed files get new versions."""
+    diff = Embedded(home).sync(dataset, namespace)
+    click.echo(f"dataset.datacache.io/{dataset} synced: {len(diff.added)} added, {len(diff.changed)} changed, "
+               f"{len(diff.deleted)} deleted")
+
+
+@click.command(name="ls")
+@click.argument("target")
+@click.option("-l", "long", is_flag=True, help="Sizes, cached fraction and versions.")
+@namespace_option
+@home_option
+def ls_(target, long, namespace, home):
+    """List a directory of a dataset: DATASET[/path]."""
+    dataset, path = split_target(target)
+    client = Embedded(home).open_dataset(dataset, namespace)
+    try:
+        entry = client.stat(path)
+        children = {path.rsplit("/", 1)[-1]: entry} if entry is not None else client.listdir(path)
+        for name, e in sorted(children.items()):
+            if not long:
+                click.echo(name + ("/" if e is None else ""))
+            elif e is None:
+                click.echo(f"{'dir':>12}  {'':>7}  {name}/")
+            else:
+                click.echo(f"{e.size:>12}  {100 * client.cached_fraction(e):6.1f}%  {name}")
+    finally:
+        client.close()
+
+
+@click.command()
+@click.argument("target")
+@namespace_option
+@home_option
+def cat(target, namespace, home):
+    """Write a dataset file to standard output: DATASET/path."""
+    dataset, path = split_target(target)
+    client = Embedded(home).open_dataset(dataset, namespace)
+    try:
+        with client.open(path) as f:
+            shutil.copyfileobj(f, sys.stdout.buffer, 4 << 20)
+    finally:
+        client.close()
+
+
+@click.command()
+@click.option("--files", "n_jpeg", default=2000, show_default=True, help="JPEG files in the image tree.")
+@click.option("--shard-mib", default=256, show_default=True, help="Size of the tar shard (MiB).")
+@click.option("--keep", is_flag=True, help="Keep the demo's state directory afterwards.")
+def demo(n_jpeg, shard_mib, keep):
+    """The main job end to end: S3 + local source, apply, warmup, read back, verify, status."""
+    from datacache.demo.run import run_demo
+
+    sys.exit(run_demo(n_jpeg=n_jpeg, shard_bytes=shard_mib << 20, keep=keep))
+
+
+COMMANDS = (warmup, sync, ls_, cat, demo)

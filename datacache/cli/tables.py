@@ -1,0 +1,68 @@
+"""Tables printed by ``datacache get`` (the columns of Fluid's ``kubectl get``)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+# (header, getter over a document); columns after WIDE_FROM appear with -o wide only.
+COLUMNS = {
+    "Dataset": [
+        ("NAME", lambda d: d["metadata"]["name"]),
+        ("UFS TOTAL SIZE", lambda d: _st(d, "ufsTotal")),
+        ("CACHED", lambda d: _cs(d, "cached")),
+        ("CACHE CAPACITY", lambda d: _cs(d, "cacheCapacity")),
+        ("CACHED PERCENTAGE", lambda d: _cs(d, "cachedPercentage")),
+        ("PHASE", lambda d: _st(d, "phase")),
+        ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
+        ("FILES", lambda d: _st(d, "fileNum")),
+        ("CACHE HIT RATIO", lambda d: _cs(d, "cacheHitRatio")),
+    ],
+    "CacheRuntime": [
+        ("NAME", lambda d: d["metadata"]["name"]),
+        ("DESIRED", lambda d: _st(d, "desiredWorkers")),
+        ("READY", lambda d: _st(d, "readyWorkers")),
+        ("CACHE CAPACITY", lambda d: _st(d, "cacheCapacity")),
+        ("CACHED", lambda d: _st(d, "cached")),
+        ("PHASE", lambda d: _st(d, "phase")),
+        ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
+    ],
+    "DataLoad": [
+        ("NAME", lambda d: d["metadata"]["name"]),
+        ("DATASET", lambda d: d["spec"]["dataset"]["name"]),
+        ("PHASE", lambda d: _st(d, "phase")),
+        ("DURATION", lambda d: _st(d, "duration")),
+        ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
+    ],
+}
+WIDE_FROM = {"Dataset": 7}
+
+
+def _st(doc: dict, key: str) -> str:
+    value = (doc.get("status") or {}).get(key)
+    return "" if value is None else str(value)
+
+
+def _cs(doc: dict, key: str) -> str:
+    return str(((doc.get("status") or {}).get("cacheStates") or {}).get(key) or "")
+
+
+def age(created: str | None) -> str:
+    """kubectl-style age (``42s``, ``5m``, ``3h``, ``2d``) of an RFC 3339 UTC time."""
+    if not created:
+        return ""
+    then = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    secs = int((datetime.now(timezone.utc) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit}"
+    return f"{max(secs, 0)}s"
+
+
+def table(kind: str, docs: list[dict], wide: bool = False) -> str:
+    """Plain aligned columns, as kubectl prints them (never truncated, safe to pipe)."""
+    cols = COLUMNS[kind]
+    if not wide:
+        cols = cols[:WIDE_FROM.get(kind, len(cols))]
+    rows = [[h for h, _ in cols]] + [[get(doc) for _, get in cols] for doc in docs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

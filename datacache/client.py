@@ -1,0 +1,121 @@
+"""DatasetClient: read access to one dataset through its cache, the object FUSE and fsspec use.
+
+It ties the layers together for one dataset: the manifest (namespace and versions), the block
+source (cache + UFS) and read-ahead settings. It knows nothing of FUSE, HTTP or the CLI.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+
+from datacache.cache.blocks import block_count
+from datacache.errors import StaleFileError
+from datacache.manifest import FileEntry, Manifest, normalize
+from datacache.reader import DatasetFile
+
+
+class DatasetClient:
+    """One dataset's namespace and data.
+
+    ``name``: dataset name; ``manifest``: current snapshot; ``source``: block source (``get``,
+    ``prefetch``, ``is_cached``, ``block_size``, ``store``); ``ufs``: its ``UnionNamespace`` (for
+    per-file refresh); ``save_manifest``: callable persisting a refreshed manifest;
+    ``readahead``: blocks read ahead on sequential reads.
+    """
+
+    def __init__(self, name: str, manifest: Manifest, source, ufs, save_manifest=None, readahead: int = 4):
+        self.name = name
+        self._manifest = manifest
+        self.source = source
+        self.ufs = ufs
+        self._save = save_manifest
+        self.readahead = readahead
+        self._lock = threading.Lock()
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._manifest
+
+    @property
+    def block_size(self) -> int:
+        return self.source.block_size
+
+    def stat(self, path: str) -> FileEntry | None:
+        """The file at ``path``, or None for a directory. Raises FileNotFoundError (case C8)."""
+        m = self._manifest
+        entry = m.lookup(path)
+        if entry is not None:
+            return entry
+        if m.is_dir(path):
+            return None
+        raise FileNotFoundError(errno.ENOENT, "no such file or directory in dataset " + repr(self.name), path)
+
+    def listdir(self, path: str = "") -> dict[str, FileEntry | None]:
+        """Children of a directory: name -> FileEntry, or None for a subdirectory."""
+        return self._manifest.listdir(path)
+
+    def open(self, path: str) -> DatasetFile:
+        """Open a file for reading, pinned to its current version. Raises FileNotFoundError,
+        IsADirectoryError."""
+        entry = self.stat(path)
+        if entry is None:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        return _RefreshingFile(entry, self)
+
+    def cached_fraction(self, entry: FileEntry) -> float:
+        """Fraction (0..1) of the file's current-version blocks held in the cache."""
+        n = block_count(entry.size, self.block_size)
+        if n == 0:
+            return 1.0
+        return sum(self.source.is_cached(entry, i) for i in range(n)) / n
+
+    def cached_bytes(self, entries=None) -> int:
+        """Bytes of current-version blocks held in the cache, over ``entries`` (default: all)."""
+        bs = self.block_size
+        total = 0
+        for e in self._manifest if entries is None else entries:
+            for i in range(block_count(e.size, bs)):
+                if self.source.is_cached(e, i):
+                    total += min(bs, e.size - i * bs)
+        return total
+
+    def usage(self) -> tuple[int, int]:
+        """``(used, capacity)`` bytes of the cache's largest level."""
+        store = self.source.store
+        return store.used(), store.capacity
+
+    def refresh_file(self, path: str) -> FileEntry | None:
+        """Re-read one file's metadata from the UFS into the manifest (None: it is gone)."""
+        old = self._manifest.lookup(path)
+        if old is None:
+            return None
+        try:
+            fresh = self.ufs.stat(old.mount, old.ufs_path)
+            entry = FileEntry(old.path, old.mount, old.ufs_path, fresh.size, fresh.mtime, fresh.version)
+        except FileNotFoundError:
+            entry = None
+        with self._lock:
+            self._manifest = self._manifest.with_entry(entry, old.path)
+            if self._save is not None:
+                self._save(self._manifest)
+        return entry
+
+    def close(self) -> None:
+        self.source.close()
+
+
+class _RefreshingFile(DatasetFile):
+    """A DatasetFile that, on a stale version, refreshes the file's manifest entry before raising,
+    so that the next open reads the new version (case C5)."""
+
+    def __init__(self, entry: FileEntry, client: DatasetClient):
+        super().__init__(entry, client.source, client.readahead)
+        self._client = client
+
+    def pread(self, offset: int, size: int) -> bytes:
+        try:
+            return super().pread(offset, size)
+        except StaleFileError:
+            self._client.refresh_file(normalize(self.entry.path))
+            raise

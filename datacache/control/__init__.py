@@ -1,0 +1,1 @@
+"""Control plane: resource state, reconcile steps and the embedded host that runs them."""

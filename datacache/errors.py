@@ -1,0 +1,52 @@
+"""Exceptions of datacache.
+
+Lower layers raise ``OSError`` subclasses carrying an errno (as JuiceFS and s3fs do), so that the
+FUSE boundary can re-raise ``err.errno`` unchanged and Python callers get the built-in exception
+types they already catch (``FileNotFoundError`` for a missing path, never a bare ``OSError``).
+User mistakes raise :class:`ConfigError` or :class:`ResourceError`: the CLI prints their message
+and exits non-zero, without a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class DatacacheError(Exception):
+    """Base class of datacache's own errors that are not ``OSError``."""
+
+
+class ConfigError(DatacacheError, ValueError):
+    """A resource document is wrong.
+
+    ``str(err)`` is one line per problem: ``SOURCE: field.path: problem (fix)``.
+    Attributes: ``source`` (file name or label), ``problems`` (list of ``(field_path, message)``).
+    """
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = list(problems)
+        lines = [f"{source}: {path}: {msg}" if path else f"{source}: {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+class ResourceError(DatacacheError):
+    """A named resource is missing or in a state that forbids the request (e.g. no runtime bound)."""
+
+
+class StaleFileError(OSError):
+    """The file changed in the UFS since its manifest entry was taken (errno ESTALE).
+
+    Raised instead of returning bytes of another version; a metadata sync (or re-opening the file
+    after the automatic per-file refresh) reads the new version.
+    """
+
+    def __init__(self, path: str, detail: str):
+        super().__init__(errno.ESTALE, f"{detail}; run 'datacache sync' or re-open the file", path)
+
+
+class UFSUnavailableError(OSError):
+    """The UFS could not serve a block that is not cached (errno EIO): outage, timeout, 5xx."""
+
+    def __init__(self, path: str, detail: str):
+        super().__init__(errno.EIO, f"UFS read failed and the block is not cached: {detail}", path)

@@ -1,0 +1,120 @@
+"""``datacache://DATASET/path``: the cache as an fsspec filesystem, for pandas, pyarrow and torch.
+
+Registered under the ``fsspec.specs`` entry point, so ``fsspec.open("datacache://imagenet/train/
+x.JPEG")`` and ``pd.read_parquet("datacache://ds/t.parquet")`` read through the cache with no
+mount. Paths are ``DATASET/path/in/dataset``; the top level lists datasets. Read-only: opening for
+writing raises ``PermissionError`` (EROFS). Storage option ``home`` selects ``$DATACACHE_HOME``.
+Pickles by its arguments (fsspec does this), so DataLoader worker processes open their own clients.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+
+from fsspec import AbstractFileSystem
+
+from datacache.errors import ResourceError
+
+
+class DatacacheFileSystem(AbstractFileSystem):
+    """fsspec filesystem over embedded datasets (``namespace`` option: default "default")."""
+
+    protocol = "datacache"
+    root_marker = ""
+
+    def __init__(self, home: str | None = None, namespace: str = "default", **kwargs):
+        super().__init__(home=home, namespace=namespace, **kwargs)
+        self._home = home
+        self._namespace = namespace
+        self._plane = None
+        self._clients: dict = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        path = str(path)
+        if path.startswith("datacache://"):
+            path = path[len("datacache://"):]
+        return path.strip("/")
+
+    def _client(self, dataset: str):
+        with self._lock:
+            client = self._clients.get(dataset)
+            if client is None:
+                from datacache.control.embedded import Embedded
+
+                if self._plane is None:
+                    self._plane = Embedded(self._home)
+                try:
+                    client = self._plane.open_dataset(dataset, self._namespace)
+                except ResourceError as err:
+                    raise FileNotFoundError(errno.ENOENT, str(err), dataset) from None
+                self._clients[dataset] = client
+            return client
+
+    def _split(self, path: str) -> tuple[str, str]:
+        path = self._strip_protocol(path)
+        dataset, _, rest = path.partition("/")
+        return dataset, rest
+
+    def ls(self, path, detail=True, **kwargs):
+        dataset, rest = self._split(path)
+        if not dataset:
+            from datacache.control.embedded import Embedded
+
+            plane = self._plane or Embedded(self._home)
+            names = [d["metadata"]["name"] for d in plane.state.list("Dataset", self._namespace)]
+            out = [{"name": n, "type": "directory", "size": 0} for n in names]
+        else:
+            client = self._client(dataset)
+            try:
+                children = client.listdir(rest)
+            except ValueError as err:
+                raise FileNotFoundError(errno.ENOENT, str(err), path) from None
+            except NotADirectoryError:
+                return [self.info(path)] if detail else [self._strip_protocol(path)]
+            base = f"{dataset}/{rest}".rstrip("/")
+            out = [self._entry_info(f"{base}/{name}", e) for name, e in sorted(children.items())]
+        return out if detail else [o["name"] for o in out]
+
+    @staticmethod
+    def _entry_info(name: str, entry) -> dict:
+        if entry is None:
+            return {"name": name, "type": "directory", "size": 0}
+        return {"name": name, "type": "file", "size": entry.size, "mtime": entry.mtime, "version": entry.version}
+
+    def info(self, path, **kwargs):
+        dataset, rest = self._split(path)
+        if not dataset:
+            return {"name": "", "type": "directory", "size": 0}
+        try:
+            entry = self._client(dataset).stat(rest)
+        except ValueError as err:
+            raise FileNotFoundError(errno.ENOENT, str(err), path) from None
+        return self._entry_info(self._strip_protocol(path), entry)
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        if "r" not in mode or any(c in mode for c in "wax+"):
+            raise PermissionError(errno.EROFS, "datacache datasets are read-only", path)
+        dataset, rest = self._split(path)
+        try:
+            return self._client(dataset).open(rest)
+        except ValueError as err:
+            raise FileNotFoundError(errno.ENOENT, str(err), path) from None
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        with self._open(path) as f:
+            size = f.size
+            start = 0 if start is None else (start if start >= 0 else max(size + start, 0))
+            end = size if end is None else (end if end >= 0 else max(size + end, 0))
+            return f.pread(start, max(end - start, 0))
+
+    def close(self) -> None:
+        """Close every dataset client this instance opened."""
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()

@@ -1,0 +1,114 @@
+"""Reader: file-like access to one pinned file version, over a block source.
+
+An open file keeps the manifest entry it was opened with (its version), so every byte it returns
+belongs to that version even if the UFS or the manifest changes meanwhile (case C3). Reads are cut
+into blocks; the block under the cursor is kept so small sequential reads cost a slice. A sequential
+pattern triggers read-ahead of the next ``readahead`` blocks through the block source, whose
+memory budget is shared by all files (reads past it simply do not prefetch).
+"""
+
+from __future__ import annotations
+
+import io
+
+from datacache.cache.blocks import block_count
+from datacache.manifest import FileEntry
+
+
+class DatasetFile(io.RawIOBase):
+    """A read-only, seekable binary file of ``entry`` (``entry.size`` bytes).
+
+    ``read``/``readinto``/``seek``/``tell`` follow ``io`` semantics: reading at or past EOF returns
+    ``b""`` (case C6), seeking past EOF is allowed. ``pread(offset, size)`` reads without moving the
+    cursor (used by FUSE). Errors are the block source's ``OSError`` subclasses.
+    """
+
+    def __init__(self, entry: FileEntry, source, readahead: int = 4):
+        super().__init__()
+        self.entry = entry
+        self.name = entry.path
+        self._src = source
+        self._bs = source.block_size
+        self._nblocks = block_count(entry.size, self._bs)
+        self._readahead = readahead
+        self._pos = 0
+        self._cur_index = -1
+        self._cur: bytes = b""
+        self._last_index = -2
+
+    @property
+    def size(self) -> int:
+        return self.entry.size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self.entry.size + offset
+        else:
+            raise ValueError(f"invalid whence {whence}")
+        if pos < 0:
+            raise OSError(22, "negative seek position", self.name)
+        self._pos = pos
+        return pos
+
+    def readinto(self, buffer) -> int:
+        data = self.pread(self._pos, len(buffer))
+        n = len(data)
+        memoryview(buffer).cast("B")[:n] = data
+        self._pos += n
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            size = max(self.entry.size - self._pos, 0)
+        data = self.pread(self._pos, size)
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def pread(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset``; short only at EOF, ``b""`` at or past it."""
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        end = min(offset + size, self.entry.size)
+        if offset >= end:
+            return b""
+        first, last = offset // self._bs, (end - 1) // self._bs
+        if first == last:
+            block = self._block(first)
+            return block[offset - first * self._bs:end - first * self._bs]
+        parts = []
+        for i in range(first, last + 1):
+            block = self._block(i)
+            lo = max(offset - i * self._bs, 0)
+            hi = min(end - i * self._bs, len(block))
+            parts.append(block[lo:hi])
+        return b"".join(parts)
+
+    def _block(self, index: int) -> bytes:
+        if index != self._cur_index:
+            sequential = index == self._last_index + 1 or index == self._cur_index + 1
+            self._cur = self._src.get(self.entry, index)
+            self._last_index, self._cur_index = self._cur_index, index
+            if sequential or index == 0:
+                for ahead in range(index + 1, min(index + 1 + self._readahead, self._nblocks)):
+                    self._src.prefetch(self.entry, ahead)
+        return self._cur
+
+    def close(self) -> None:
+        self._cur = b""
+        super().close()

@@ -1,0 +1,105 @@
+"""The dataset namespace over its mounts.
+
+Each mount's ``mountPoint`` (``s3://bucket/prefix``, ``/data``, ``https://host/dir``, ...) is opened
+with fsspec (``url_to_fs``) and its options; its files appear under the mount's ``path`` in the
+dataset namespace, as Fluid lays out a Dataset's mounts. Dataset paths here are relative and
+'/'-separated, with no leading slash: ``s3/imagenet/train/n01/x.JPEG``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Iterator
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from datacache.ufs.credentials import redact, resolve_options
+from datacache.ufs.versions import mtime_of, read_exact, version_of
+
+# Every UFS call is bounded: a stalled store must become an error, never a hang.
+_S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}}}
+
+
+@dataclass
+class UfsMount:
+    """One opened mount: ``name``, ``prefix`` (dataset path where it appears, '' for the root),
+    ``root`` (path inside ``fs``) and the fsspec filesystem ``fs``."""
+
+    name: str
+    prefix: str
+    root: str
+    fs: fsspec.AbstractFileSystem
+
+    def dataset_path(self, ufs_path: str) -> str:
+        rel = ufs_path[len(self.root):].lstrip("/") if self.root else ufs_path.lstrip("/")
+        return posixpath.join(self.prefix, rel) if self.prefix else rel
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file found in a UFS listing: dataset path, mount name, UFS path, size (bytes), mtime
+    (seconds), version."""
+
+    path: str
+    mount: str
+    ufs_path: str
+    size: int
+    mtime: float
+    version: str
+
+
+class UnionNamespace:
+    """All mounts of one Dataset.
+
+    ``dataset``: a ``datacache.api`` Dataset; ``home``: DATACACHE_HOME for secret files.
+    Raises ``ResourceError`` for an unresolvable secret and ``ImportError``/``ValueError`` from
+    fsspec for a protocol whose package is missing (fsspec's message names the package to install).
+    """
+
+    def __init__(self, dataset, home: str):
+        self.name = dataset.metadata.name
+        self.secrets: list[str] = []
+        self.mounts: dict[str, UfsMount] = {}
+        for i, m in enumerate(dataset.spec.mounts):
+            options, secrets = resolve_options(m, home, f"dataset {self.name!r}: spec.mounts[{i}]")
+            self.secrets += secrets
+            url = m.mount_point if "://" in m.mount_point else f"file://{m.mount_point}"
+            if url.startswith(("s3://", "s3a://")):
+                options = {**_S3_DEFAULTS, **options}
+            fs, root = url_to_fs(url, **options)
+            self.mounts[m.name] = UfsMount(m.name, m.path.strip("/"), root.rstrip("/"), fs)
+
+    def list_files(self) -> Iterator[Listed]:
+        """Every file of every mount, with its version. A missing mount root lists nothing."""
+        for mount in self.mounts.values():
+            try:
+                found = mount.fs.find(mount.root, detail=True, withdirs=False)
+            except FileNotFoundError:
+                continue
+            for ufs_path, info in found.items():
+                if info.get("type") != "file":
+                    continue
+                yield Listed(
+                    mount.dataset_path(ufs_path), mount.name, ufs_path, int(info["size"]),
+                    mtime_of(info), version_of(mount.fs, info),
+                )
+
+    def stat(self, mount: str, ufs_path: str) -> Listed:
+        """Fresh metadata of one file (for a per-file refresh). Raises FileNotFoundError."""
+        m = self.mounts[mount]
+        m.fs.invalidate_cache(ufs_path)
+        info = m.fs.info(ufs_path)
+        return Listed(m.dataset_path(ufs_path), mount, ufs_path, int(info["size"]), mtime_of(info),
+                      version_of(m.fs, info))
+
+    def read(self, mount: str, ufs_path: str, version: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of exactly ``version``; see ``versions.read_exact`` for errors.
+        Secret values are removed from any error message."""
+        try:
+            return read_exact(self.mounts[mount].fs, ufs_path, version, start, end)
+        except OSError as err:
+            if self.secrets and err.strerror:
+                err.strerror = redact(err.strerror, self.secrets)
+            raise

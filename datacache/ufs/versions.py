@@ -1,0 +1,125 @@
+"""File versions and exact-version reads.
+
+A version string identifies one content of one UFS file:
+
+| UFS                      | version                                  | exact read                       |
+|--------------------------|------------------------------------------|----------------------------------|
+| S3 (s3fs), OSS, MinIO    | ETag                                     | ranged GET with ``If-Match``     |
+| GCS (gcsfs)              | generation                               | read, then re-check generation   |
+| Azure (adlfs), HTTP      | ETag                                     | read, then re-check version      |
+| local / NFS (``file``)   | ``mtime:size:inode``                     | ``fstat`` of the open file, pread|
+| anything else            | ``size:mtime``                           | read, then re-check version      |
+
+A mismatch raises :class:`~datacache.errors.StaleFileError`; a vanished file raises
+``FileNotFoundError`` (ENOENT, never EIO, case C4); a failing UFS raises
+:class:`~datacache.errors.UFSUnavailableError` (EIO).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from fsspec.asyn import sync
+
+from datacache.errors import StaleFileError, UFSUnavailableError
+
+_VERSION_FIELDS = ("ETag", "etag", "generation", "version_id", "VersionId")
+
+
+def version_of(fs, info: dict) -> str:
+    """Version string of the file described by fsspec ``info`` on filesystem ``fs``."""
+    if _is_local(fs):
+        return f"{info.get('mtime')!r}:{info['size']}:{info.get('ino', 0)}"
+    for field in _VERSION_FIELDS:
+        if info.get(field):
+            return str(info[field])
+    mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""
+    return f"{info['size']}:{mtime}"
+
+
+def mtime_of(info: dict) -> float:
+    """Modification time in seconds since the epoch, 0.0 when the UFS gives none."""
+    value = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
+    if value is None or value == "":
+        return 0.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    if hasattr(value, "timestamp"):
+        return value.timestamp()
+    try:
+        from datetime import datetime
+
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def read_exact(fs, ufs_path: str, version: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of version ``version`` of ``ufs_path``; may be short only at EOF.
+
+    Raises StaleFileError, FileNotFoundError or UFSUnavailableError (see module docstring).
+    """
+    try:
+        if _is_local(fs):
+            return _read_local(ufs_path, version, start, end)
+        if _is_s3(fs):
+            return _read_s3(fs, ufs_path, version, start, end)
+        data = fs.cat_file(ufs_path, start=start, end=end)
+        if version_of(fs, fs.info(ufs_path)) != version:
+            raise StaleFileError(ufs_path, "the file changed in the UFS while it was read")
+        return data
+    except (StaleFileError, UFSUnavailableError):
+        raise
+    except OSError as err:
+        if isinstance(err, FileNotFoundError) or err.errno == errno.ENOENT:
+            raise FileNotFoundError(errno.ENOENT, "no such file in the UFS (deleted since the last sync?)",
+                                    ufs_path) from None
+        raise UFSUnavailableError(ufs_path, f"{type(err).__name__}: {err}") from None
+    except Exception as err:  # network stacks raise their own types (aiohttp, botocore)
+        raise UFSUnavailableError(ufs_path, f"{type(err).__name__}: {err}") from None
+
+
+def _is_local(fs) -> bool:
+    return "file" in _protocols(fs) or "local" in _protocols(fs)
+
+
+def _is_s3(fs) -> bool:
+    return "s3" in _protocols(fs) and hasattr(fs, "_call_s3")
+
+
+def _protocols(fs) -> tuple:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def _read_local(path: str, version: str, start: int, end: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if f"{st.st_mtime!r}:{st.st_size}:{st.st_ino}" != version:
+            raise StaleFileError(path, "the file changed on disk since the manifest was taken")
+        return os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)
+
+
+def _read_s3(fs, path: str, etag: str, start: int, end: int) -> bytes:
+    bucket, key, _ = fs.split_path(path)
+
+    async def get() -> bytes:
+        resp = await fs._call_s3(
+            "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", IfMatch=etag
+        )
+        try:
+            return await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+
+    try:
+        return sync(fs.loop, get)
+    except OSError as err:
+        code = getattr(getattr(err.__cause__, "response", None), "get", lambda *_: None)("Error") or {}
+        if code.get("Code") in ("PreconditionFailed", "412"):
+            raise StaleFileError(path, "the object was overwritten in the UFS (ETag changed)") from None
+        raise

@@ -1,0 +1,54 @@
+"""Shared fixtures: a real moto S3 server over HTTP, fresh buckets, an isolated DATACACHE_HOME.
+
+Checksum helpers live in ``datacache.demo.data`` (``sha256_bytes``, ``sha256_file``) so tests,
+the demo and benchmarks share one definition.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from datacache.demo.s3server import MotoServer
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: long-running test (deselect with -m 'not slow')")
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """moto's S3 server in a child process on 127.0.0.1, shared by the whole session."""
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(moto_server: MotoServer):
+    """``(s3fs, bucket)``: a fresh, uniquely named, empty bucket; emptied and removed afterwards."""
+    fs = moto_server.s3fs()
+    bucket = f"test-{uuid.uuid4().hex[:16]}"
+    fs.mkdir(bucket)
+    yield fs, bucket
+    try:
+        fs.invalidate_cache()
+        fs.rm(bucket, recursive=True)
+    except FileNotFoundError:
+        pass
+
+
+@pytest.fixture
+def datacache_home(tmp_path, monkeypatch):
+    """A temporary directory set as ``$DATACACHE_HOME`` for the test."""
+    home = tmp_path / "datacache-home"
+    home.mkdir()
+    monkeypatch.setenv("DATACACHE_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def moto_secrets(monkeypatch):
+    """The secret ``moto`` (keys ``key``/``secret``) that ``support.s3_mount`` refers to."""
+    monkeypatch.setenv("DATACACHE_SECRET_MOTO_KEY", "testing")
+    monkeypatch.setenv("DATACACHE_SECRET_MOTO_SECRET", "testing")

@@ -1,0 +1,55 @@
+"""Helpers shared by the core tests: declare a dataset as YAML and apply it embedded."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from datacache.api.loader import load_resources
+from datacache.control.embedded import Embedded
+
+
+def dataset_yaml(name: str, mounts: list[dict], levels: list[dict], block_size: str = "4Mi") -> str:
+    """Dataset + CacheRuntime documents (JSON is valid YAML)."""
+    ds = {"apiVersion": "datacache.io/v1alpha1", "kind": "Dataset", "metadata": {"name": name},
+          "spec": {"mounts": mounts}}
+    rt = {"apiVersion": "datacache.io/v1alpha1", "kind": "CacheRuntime", "metadata": {"name": name},
+          "spec": {"blockSize": block_size, "tieredstore": {"levels": levels}}}
+    return json.dumps(ds) + "\n---\n" + json.dumps(rt) + "\n"
+
+
+def apply_dataset(home, name: str, mounts: list[dict], levels: list[dict] | None = None,
+                  block_size: str = "4Mi") -> Embedded:
+    """Write ``dataset.yaml`` under ``home``, apply it and return the control plane."""
+    levels = levels or [{"mediumtype": "SSD", "path": "cache", "quota": "1Gi"}]
+    path = os.path.join(home, f"{name}.yaml")
+    with open(path, "w") as f:
+        f.write(dataset_yaml(name, mounts, levels, block_size))
+    plane = Embedded(str(home))
+    plane.apply(load_resources(path))
+    return plane
+
+
+def s3_mount(moto_server, bucket: str, prefix: str = "", name: str = "s3", path: str | None = None) -> dict:
+    """A mount of ``s3://bucket/prefix`` on the moto server (dummy credentials in plain options
+    would be refused: they go through the environment secret refs set by ``s3_secrets``)."""
+    mount = {"name": name, "mountPoint": f"s3://{bucket}/{prefix}".rstrip("/"),
+             "options": {"endpoint_url": moto_server.endpoint_url},
+             "encryptOptions": [
+                 {"name": "key", "valueFrom": {"secretKeyRef": {"name": "moto", "key": "key"}}},
+                 {"name": "secret", "valueFrom": {"secretKeyRef": {"name": "moto", "key": "secret"}}}]}
+    if path:
+        mount["path"] = path
+    return mount
+
+
+def du(path: str) -> int:
+    """Bytes of regular files under ``path`` (what the cache directory really holds)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except FileNotFoundError:
+                pass
+    return total

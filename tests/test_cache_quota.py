@@ -1,0 +1,114 @@
+"""Cases C1 and C2: the SSD tier never passes its quota, during warmup and concurrent fills."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from datacache.dataload import warmup
+from support import apply_dataset, du
+
+MiB = 1 << 20
+QUOTA = 64 * MiB
+BLOCK = 4 * MiB
+LEVELS = [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi", "high": 0.95, "low": 0.80}]
+
+
+def _make_files(root, n, size):
+    os.makedirs(root, exist_ok=True)
+    for i in range(n):
+        with open(os.path.join(root, f"f{i:03d}.bin"), "wb") as f:
+            f.write(os.urandom(size))
+
+
+class DuSampler(threading.Thread):
+    """Samples the bytes under a directory until stopped; ``peak`` is the largest sample."""
+
+    def __init__(self, path):
+        super().__init__(daemon=True)
+        self.path, self.peak, self.samples = path, 0, 0
+        self._stop_evt = threading.Event()
+
+    def run(self):
+        while not self._stop_evt.is_set():
+            self.peak = max(self.peak, du(self.path))
+            self.samples += 1
+
+    def stop(self):
+        self._stop_evt.set()
+        self.join()
+        self.peak = max(self.peak, du(self.path))
+
+
+def test_c1_warmup_larger_than_quota_stays_under_quota_and_reports(datacache_home, tmp_path):
+    src = tmp_path / "src"
+    _make_files(src, 64, 4 * MiB)  # 256 MiB
+    plane = apply_dataset(datacache_home, "big", [{"name": "local", "mountPoint": str(src)}], LEVELS)
+    cache_dir = os.path.join(datacache_home, "cache", "default", "big")
+    client = plane.open_dataset("big")
+    sampler = DuSampler(cache_dir)
+    sampler.start()
+    try:
+        result = warmup(client)
+    finally:
+        sampler.stop()
+    assert sampler.samples > 10
+    assert sampler.peak <= QUOTA + BLOCK, f"cache dir reached {sampler.peak} bytes"
+    # Reported, not silently "Complete": what did not fit is named.
+    (target,) = result.targets
+    assert target.phase == "Failed"
+    assert any("quota" in f for f in target.failures)
+    cached = [e.path for e in client.manifest if client.cached_fraction(e) == 1.0]
+    assert 0 < len(cached) < 64
+    assert target.cached_bytes == client.cached_bytes() == len(cached) * 4 * MiB
+    # Eviction runs from the high to the low watermark: what is left sits between them.
+    assert 0.80 * QUOTA - BLOCK <= len(cached) * BLOCK <= 0.95 * QUOTA
+    client.close()
+
+
+def test_c1_least_recently_used_blocks_go_first(datacache_home, tmp_path):
+    src = tmp_path / "src"
+    _make_files(src, 24, 4 * MiB)  # 96 MiB through a 64 MiB cache, one file (block) at a time
+    plane = apply_dataset(datacache_home, "lru", [{"name": "local", "mountPoint": str(src)}], LEVELS)
+    client = plane.open_dataset("lru")
+    order = [e.path for e in client.manifest]
+    warmup(client, order[:12], parallel=1)
+    assert client.open(order[0]).read(10)  # order[0] becomes the most recently used
+    warmup(client, order[12:], parallel=1)
+    cached = [p for p in order if client.cached_fraction(client.stat(p)) == 1.0]
+    assert order[0] in cached and order[-1] in cached
+    # Everything else that survived is the most recently loaded run of files, in order.
+    rest = [p for p in cached if p != order[0]]
+    assert rest == order[-len(rest):]
+    assert order[1] not in cached
+    client.close()
+
+
+def test_c2_concurrent_readers_hold_the_quota_while_they_run(datacache_home, tmp_path):
+    src = tmp_path / "src"
+    _make_files(src, 8, 32 * MiB)  # 8 readers x 32 MiB = 256 MiB through a 64 MiB cache
+    plane = apply_dataset(datacache_home, "par", [{"name": "local", "mountPoint": str(src)}], LEVELS)
+    cache_dir = os.path.join(datacache_home, "cache", "default", "par")
+    client = plane.open_dataset("par")
+    sums, errors = {}, []
+
+    def reader(path):
+        try:
+            with client.open(path) as f:
+                sums[path] = f.read()
+        except Exception as err:  # surfaced below
+            errors.append(err)
+
+    sampler = DuSampler(cache_dir)
+    sampler.start()
+    threads = [threading.Thread(target=reader, args=(f"f{i:03d}.bin",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sampler.stop()
+    assert not errors
+    for i in range(8):
+        assert sums[f"f{i:03d}.bin"] == (src / f"f{i:03d}.bin").read_bytes()
+    assert sampler.peak <= QUOTA + BLOCK, f"cache dir reached {sampler.peak} bytes"
+    client.close()
