@@ -20,9 +20,9 @@ def dataset_yaml(name: str, mounts: list[dict], levels: list[dict], block_size: 
 
 def apply_dataset(home, name: str, mounts: list[dict], levels: list[dict] | None = None,
                   block_size: str = "4Mi") -> Embedded:
-    """Write ``dataset.yaml`` under ``home``, apply it and return the control plane."""
+    """Write ``NAME.yaml`` beside ``home``, apply it and return the control plane."""
     levels = levels or [{"mediumtype": "SSD", "path": "cache", "quota": "1Gi"}]
-    path = os.path.join(home, f"{name}.yaml")
+    path = os.path.join(os.path.dirname(os.path.abspath(home)), f"{name}.yaml")
     with open(path, "w") as f:
         f.write(dataset_yaml(name, mounts, levels, block_size))
     plane = Embedded(str(home))

@@ -22,18 +22,18 @@ import threading
 
 import diskcache
 
+from datacache import private
 from datacache.cache.blocks import checksum
-
-_DIR_MODE = 0o700
-_FILE_MODE = 0o600
 
 
 class _PrivateDisk(diskcache.Disk):
     """diskcache storage that creates directories 0700 and files 0600."""
 
     def _write(self, full_path, iterator, mode, encoding=None):
-        os.makedirs(os.path.dirname(full_path), mode=_DIR_MODE, exist_ok=True)
-        fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        directory = os.path.dirname(full_path)
+        if not os.path.isdir(directory):
+            private.makedirs(directory)
+        fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, private.FILE_MODE)
         with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
             size = 0
             for chunk in iterator:
@@ -55,10 +55,9 @@ class DiskTier:
         self.quota = quota
         self._high = int(quota * high)
         self._low = int(quota * low)
-        os.makedirs(self.path, mode=_DIR_MODE, exist_ok=True)
-        os.chmod(self.path, _DIR_MODE)
+        private.makedirs(self.path)
         self._lock = threading.Lock()
-        self._lock_fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        self._lock_fd = os.open(private.touch(os.path.join(self.path, ".lock")), os.O_RDWR)
         self._cache = diskcache.Cache(
             self.path,
             disk=_PrivateDisk,
@@ -72,7 +71,7 @@ class DiskTier:
         )
         for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
             with contextlib.suppress(FileNotFoundError):
-                os.chmod(os.path.join(self.path, name), _FILE_MODE)
+                os.chmod(os.path.join(self.path, name), private.FILE_MODE)
         self.evictions = 0
         self.corrupt = 0
 

@@ -14,13 +14,17 @@ from collections import Counter
 
 import diskcache
 
+from datacache import private
+
 
 class HitStats:
     """Counters ``hits``/``misses`` per dataset stored under ``path``."""
 
     def __init__(self, path: str, flush_every: float = 1.0):
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        private.makedirs(path)
         self._db = diskcache.Cache(path, eviction_policy="none")
+        for name in os.listdir(path):
+            os.chmod(os.path.join(path, name), private.FILE_MODE)
         self._pending: Counter = Counter()
         self._lock = threading.Lock()
         self._flush_every = flush_every

@@ -13,6 +13,7 @@ import os
 import shutil
 from datetime import datetime, timezone
 
+from datacache import private
 from datacache.api.loader import load_resource_dict, to_document
 from datacache.api.models import CacheRuntime, Dataset, DataLoad
 from datacache.cache.budget import MemoryBudget
@@ -115,7 +116,7 @@ class Embedded:
         ufs = UnionNamespace(ds, self.home)
         new = Manifest.from_entries(ufs.list_files())
         old = self.load_manifest(ds)
-        os.makedirs(self._dataset_dir(ds), mode=0o700, exist_ok=True)
+        private.makedirs(self._dataset_dir(ds))
         new.save(self._manifest_path(ds))
         self.refresh_status("Dataset", name, namespace)
         return (old or Manifest.from_entries([])).diff(new)

@@ -13,6 +13,8 @@ import sqlite3
 import time
 from datetime import datetime, timezone
 
+from datacache import private
+
 
 def default_home() -> str:
     """``$DATACACHE_HOME``, else ``~/.local/share/datacache``."""
@@ -27,12 +29,13 @@ class StateStore:
     """Resource documents (dicts) by kind, namespace and name."""
 
     def __init__(self, home: str):
-        os.makedirs(home, mode=0o700, exist_ok=True)
-        path = os.path.join(home, "state.db")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        os.close(fd)
+        private.makedirs(home)
+        path = private.touch(os.path.join(home, "state.db"))
         self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
+        for suffix in ("-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.chmod(path + suffix, private.FILE_MODE)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS resources (kind TEXT, namespace TEXT, name TEXT, doc TEXT,"
             " updated REAL, PRIMARY KEY (kind, namespace, name))"
