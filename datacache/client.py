@@ -18,8 +18,8 @@ from datacache.reader import DatasetFile
 class DatasetClient:
     """One dataset's namespace and data.
 
-    ``name``: dataset name; ``manifest``: current snapshot; ``source``: block source (``get``,
-    ``prefetch``, ``is_cached``, ``block_size``, ``store``); ``ufs``: its ``UnionNamespace`` (for
+    ``name``: dataset name; ``manifest``: current snapshot; ``source``: block source (see
+    ``cache.source``); ``ufs``: its ``UnionNamespace`` (for
     per-file refresh); ``save_manifest``: callable persisting a refreshed manifest;
     ``readahead``: blocks read ahead on sequential reads.
     """
@@ -82,8 +82,7 @@ class DatasetClient:
 
     def usage(self) -> tuple[int, int]:
         """``(used, capacity)`` bytes of the cache's largest level."""
-        store = self.source.store
-        return store.used(), store.capacity
+        return self.source.usage()
 
     def refresh_file(self, path: str) -> FileEntry | None:
         """Re-read one file's metadata from the UFS into the manifest (None: it is gone)."""

@@ -1,7 +1,8 @@
 """The block source: blocks by (file version, index), from the tiered store or filled from the UFS.
 
-This is the interface the Reader and warmup use (``get``, ``prefetch``, ``fill``, ``is_cached``);
-the local implementation here owns a tiered store. Fills are single-flight: concurrent requests of
+This is the interface the Reader, DatasetClient and warmup use: ``block_size``, ``get``,
+``prefetch``, ``fill``, ``is_cached``, ``usage``, ``hit_counts``, ``ufs_bytes``, ``close``. The local
+implementation here owns a tiered store; a distributed one asks cache workers. Fills are single-flight: concurrent requests of
 one missing block share one UFS read. Every fill holds its bytes against one shared
 :class:`~datacache.cache.budget.MemoryBudget`, so read-ahead and warmup cannot grow memory past it.
 """
@@ -128,6 +129,14 @@ class LocalBlockSource:
             raise StaleFileError(entry.path, f"the UFS returned {len(data)} bytes for [{start}, {end}) "
                                              f"of a {entry.size}-byte file: it changed size")
         return data
+
+    def hit_counts(self) -> tuple[int, int]:
+        """``(hits, misses)`` of this dataset's block reads, over every process sharing the cache."""
+        return self.stats.get(self.dataset) if self.stats is not None else (0, 0)
+
+    def usage(self) -> tuple[int, int]:
+        """``(used, capacity)`` bytes of the store's largest level."""
+        return self.store.used(), self.store.capacity
 
     def close(self) -> None:
         """Stop read-ahead, then close the store and counters this source owns."""

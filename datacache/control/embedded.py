@@ -184,7 +184,7 @@ class Embedded:
                 file_num=manifest.file_num if manifest else 0, ufs_total=manifest.total_size if manifest else 0)
         client = self.open_dataset(ds.metadata.name, ds.metadata.namespace)
         try:
-            hits, misses = client.source.stats.get(ds.metadata.name)
+            hits, misses = client.source.hit_counts()
             return reconcile.DatasetObservation(
                 bound=True, synced=True, file_num=manifest.file_num, ufs_total=manifest.total_size,
                 cached=client.cached_bytes(), capacity=client.usage()[1], hits=hits, misses=misses)
