@@ -1,0 +1,20 @@
+"""The main job as a test: ``datacache demo`` end to end, exactly as the README's first command
+runs it (2,000 JPEGs, Parquet, a 256 MiB shard on moto's S3 server plus a local directory)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+
+def test_demo_end_to_end(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "datacache", "demo"], capture_output=True, timeout=900, env=env)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, out + proc.stderr.decode()
+    assert re.search(r"2010/2010 files verified", out)
+    assert re.search(r"^demo\s+490\.\d\dMiB\s+490\.\d\dMiB\s+2\.00GiB\s+100\.0%\s+Bound\s+\S+\s+2010\s+100\.0%$", out, re.M)
+    assert "demo OK: every byte verified" in out
+    assert os.listdir(tmp_path) == []  # cleaned up after itself
