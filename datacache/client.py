@@ -21,15 +21,18 @@ class DatasetClient:
     ``name``: dataset name; ``manifest``: current snapshot; ``source``: block source (see
     ``cache.source``); ``ufs``: its ``UnionNamespace`` (for
     per-file refresh); ``save_manifest``: callable persisting a refreshed manifest;
-    ``readahead``: blocks read ahead on sequential reads.
+    ``readahead``: blocks read ahead on sequential reads; ``load_manifest``: callable returning
+    the stored manifest (for :meth:`reload` after a metadata sync by another process).
     """
 
-    def __init__(self, name: str, manifest: Manifest, source, ufs, save_manifest=None, readahead: int = 4):
+    def __init__(self, name: str, manifest: Manifest, source, ufs, save_manifest=None, readahead: int = 4,
+                 load_manifest=None):
         self.name = name
         self._manifest = manifest
         self.source = source
         self.ufs = ufs
         self._save = save_manifest
+        self._load = load_manifest
         self.readahead = readahead
         self._lock = threading.Lock()
 
@@ -83,6 +86,18 @@ class DatasetClient:
     def usage(self) -> tuple[int, int]:
         """``(used, capacity)`` bytes of the cache's largest level."""
         return self.source.usage()
+
+    def reload(self) -> bool:
+        """Take the stored manifest if it changed (e.g. after ``datacache sync``); returns True when
+        it did. Files already open stay on the versions they opened."""
+        if self._load is None:
+            return False
+        fresh = self._load()
+        with self._lock:
+            if fresh is None or fresh.table.equals(self._manifest.table):
+                return False
+            self._manifest = fresh
+            return True
 
     def refresh_file(self, path: str) -> FileEntry | None:
         """Re-read one file's metadata from the UFS into the manifest (None: it is gone)."""

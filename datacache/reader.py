@@ -32,8 +32,7 @@ class DatasetFile(io.RawIOBase):
         self._nblocks = block_count(entry.size, self._bs)
         self._readahead = readahead
         self._pos = 0
-        self._cur_index = -1
-        self._cur: bytes = b""
+        self._cur_index, self._cur = -1, b""
         self._last_index = -2
 
     @property
@@ -100,15 +99,18 @@ class DatasetFile(io.RawIOBase):
         return b"".join(parts)
 
     def _block(self, index: int) -> bytes:
-        if index != self._cur_index:
-            sequential = index == self._last_index + 1 or index == self._cur_index + 1
-            self._cur = self._src.get(self.entry, index)
-            self._last_index, self._cur_index = self._cur_index, index
-            if sequential or index == 0:
-                for ahead in range(index + 1, min(index + 1 + self._readahead, self._nblocks)):
-                    self._src.prefetch(self.entry, ahead)
-        return self._cur
+        # Read (index, bytes) once: another thread may replace the current block meanwhile.
+        cur_index, cur = self._cur_index, self._cur
+        if index == cur_index:
+            return cur
+        block = self._src.get(self.entry, index)
+        sequential = index in (cur_index + 1, self._last_index + 1)
+        self._cur_index, self._cur, self._last_index = index, block, cur_index
+        if sequential or index == 0:
+            for ahead in range(index + 1, min(index + 1 + self._readahead, self._nblocks)):
+                self._src.prefetch(self.entry, ahead)
+        return block
 
     def close(self) -> None:
-        self._cur = b""
+        self._cur_index, self._cur = -1, b""
         super().close()

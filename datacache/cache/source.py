@@ -60,11 +60,12 @@ class LocalBlockSource:
         return self._single_flight(key, entry, index, blocking=True).result()
 
     def prefetch(self, entry: FileEntry, index: int) -> None:
-        """Start filling a block in the background if it is missing and the budget allows."""
+        """Prepare a block for an upcoming read: a cached one is read ahead by the kernel, a missing
+        one is filled in the background if the memory budget allows (else skipped)."""
         if index >= block_count(entry.size, self.block_size):
             return
         key = str(self.key(entry, index))
-        if key not in self.store:
+        if not self.store.advise(key):  # cached blocks are only read ahead by the kernel
             self._single_flight(key, entry, index, blocking=False, background=True)
 
     def fill(self, entry: FileEntry, first: int, last: int) -> int:

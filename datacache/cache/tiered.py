@@ -68,6 +68,12 @@ class TieredStore:
             stored = self._mem.put(key, data) or stored
         return stored
 
+    def advise(self, key: str) -> bool:
+        """True when the block is cached; a block on disk is also read ahead by the kernel."""
+        if self._mem is not None and key in self._mem:
+            return True
+        return self._disk is not None and self._disk.advise(key)
+
     def block_file(self, key: str) -> str | None:
         """Path of a block's file on the disk level, for short-circuit reads; None if not on disk."""
         return self._disk.block_file(key) if self._disk is not None else None

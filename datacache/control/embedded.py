@@ -141,7 +141,7 @@ class Embedded:
         source = LocalBlockSource(name, self._store(runtime), ufs, runtime.spec.block_size_bytes,
                                   self._budget, self._stats(runtime))
         return DatasetClient(name, manifest, source, ufs, lambda m: m.save(self._manifest_path(ds)),
-                             readahead=runtime.spec.fuse.read_ahead_blocks)
+                             readahead=runtime.spec.fuse.read_ahead_blocks, load_manifest=lambda: self.load_manifest(ds))
 
     def run_dataload(self, dataload: DataLoad, on_progress=None):
         """Run a DataLoad now and store its status; returns the ``WarmupResult``."""

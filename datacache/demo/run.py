@@ -4,9 +4,10 @@
    Parquet files, a >= 256 MiB WebDataset tar shard) plus a local directory;
 2. apply ``examples/demo-dataset.yaml`` (two mounts in one namespace, a MEM+SSD CacheRuntime);
 3. ``datacache warmup`` with a live progress bar;
-4. read every file back through ``datacache://`` with real clients (Pillow decodes the JPEGs,
-   pyarrow reads the Parquet files, tarfile walks the shard), compare every byte by sha256, print
-   the status table and cold (S3 direct) vs warm (cache) read throughput.
+4. read every file back through ``datacache://`` and through a FUSE mount (``datacache mount
+   --background``) with real clients (Pillow decodes the JPEGs, pyarrow reads the Parquet files,
+   tarfile walks the shard), compare every byte by sha256, print the status table and cold
+   (S3 direct) vs warm (cache, mount) read throughput.
 
 Everything lives in a temporary directory removed at the end (``--keep`` keeps it); the exit status
 is non-zero if any check fails.
@@ -15,10 +16,11 @@ is non-zero if any check fails.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import shutil
 import string
+import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -45,27 +47,58 @@ def _step(text: str) -> None:
     click.secho(f"==> {text}", bold=True)
 
 
-def _read_and_check(fs, path: str, data: bytes) -> None:
-    """Decode with the format's real client; raises on a malformed file."""
-    if path.endswith(".JPEG"):
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-    elif path.endswith(".parquet"):
-        with fs.open(path) as f:
+def _decode(open_file, path: str) -> None:
+    """Decode with the format's real client, reading through ``open_file(path)``; raises on a
+    malformed file."""
+    with open_file(path) as f:
+        if path.endswith(".JPEG"):
+            with Image.open(f) as img:
+                img.load()
+        elif path.endswith(".parquet"):
             pf = pq.ParquetFile(f)
             pf.read()
             if pf.num_row_groups < 2:
                 raise ValueError(f"{path}: expected several row groups, found {pf.num_row_groups}")
-    elif path.endswith(".tar"):
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            if not tar.getmembers():
-                raise ValueError(f"{path}: empty tar shard")
+        elif path.endswith(".tar"):
+            with tarfile.open(fileobj=f) as tar:
+                if not tar.getmembers():
+                    raise ValueError(f"{path}: empty tar shard")
+
+
+def _verify(label: str, sums: dict[str, str], read, open_file) -> list[str]:
+    """Check every file's sha256 through ``read(path)`` and decode it through ``open_file``."""
+    failures = []
+    for path, digest in sums.items():
+        if hashlib.sha256(read(path)).hexdigest() != digest:
+            failures.append(f"{label}: {path}: checksum mismatch")
+            continue
+        try:
+            _decode(open_file, path)
+        except Exception as err:  # a decoder's own error type
+            failures.append(f"{label}: {path}: {type(err).__name__}: {err}")
+    click.echo(f"    {label}: {len(sums) - len(failures)}/{len(sums)} files verified "
+               "(JPEGs decoded by Pillow, Parquet read by pyarrow, the shard walked by tarfile)")
+    return failures
+
+
+def _cli(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "datacache", *args], check=True, timeout=120)
+
+
+def _read_local(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _throughput(read_all, paths) -> tuple[float, int]:
     t0 = time.perf_counter()
     n = sum(len(read_all(p)) for p in paths)
     return n / (time.perf_counter() - t0), n
+
+
+def _groups(sums: dict[str, str]) -> list[tuple[str, list[str]]]:
+    return [("JPEG tree", [p for p in sums if p.endswith(".JPEG")]),
+            ("tar shard", [p for p in sums if p.endswith(".tar")])]
 
 
 def run_demo(n_jpeg: int = 2000, shard_bytes: int = 256 << 20, keep: bool = False) -> int:
@@ -100,26 +133,29 @@ def run_demo(n_jpeg: int = 2000, shard_bytes: int = 256 << 20, keep: bool = Fals
 
             _step("reading every file back through datacache:// and checking sha256")
             fs = fsspec.filesystem("datacache", home=home, skip_instance_cache=True)
-            for path, digest in sums.items():
-                data = fs.cat_file(f"demo/{path}")
-                if hashlib.sha256(data).hexdigest() != digest:
-                    failures.append(f"{path}: checksum mismatch")
-                    continue
-                try:
-                    _read_and_check(fs, f"demo/{path}", data)
-                except Exception as err:  # a decoder's own error type
-                    failures.append(f"{path}: {type(err).__name__}: {err}")
-            click.echo(f"    {len(sums) - len(failures)}/{len(sums)} files verified "
-                       "(JPEGs decoded by Pillow, Parquet read by pyarrow, the shard walked by tarfile)")
+            failures += _verify("datacache://", sums, lambda p: fs.cat_file(f"demo/{p}"),
+                                lambda p: fs.open(f"demo/{p}"))
+
+            mnt = os.path.join(work, "mnt")
+            os.mkdir(mnt)
+            _step(f"datacache mount demo {mnt} --background; reading every file through the mount")
+            _cli("mount", "demo", mnt, "--background", "--home", home)
+            try:
+                failures += _verify("FUSE mount", sums, lambda p: _read_local(os.path.join(mnt, p)),
+                                    lambda p: open(os.path.join(mnt, p), "rb"))
+                mount_rates = {label: _throughput(lambda p: _read_local(os.path.join(mnt, p)), group)[0]
+                               for label, group in _groups(sums)}
+            finally:
+                _cli("unmount", mnt, "--home", home)
 
             _step("cold (S3 direct, s3fs) vs warm (datacache://) read throughput")
             direct = s3.s3fs()
-            for label, group in (("JPEG tree", [p for p in sums if p.endswith(".JPEG")]),
-                                 ("tar shard", [p for p in sums if p.endswith(".tar")])):
+            for label, group in _groups(sums):
                 cold, n = _throughput(lambda p: direct.cat_file(f"{BUCKET}/{p[3:]}"), group)
                 warm, _ = _throughput(lambda p: fs.cat_file(f"demo/{p}"), group)
-                click.echo(f"    {label:<10} {format_bytes(n):>10}: cold {format_bytes(cold)}/s, "
-                           f"warm {format_bytes(warm)}/s ({warm / cold:.1f}x)")
+                click.echo(f"    {label:<10} {format_bytes(n):>10}: cold {format_bytes(cold)}/s, warm "
+                           f"datacache:// {format_bytes(warm)}/s ({warm / cold:.1f}x), warm FUSE mount "
+                           f"{format_bytes(mount_rates[label])}/s ({mount_rates[label] / cold:.1f}x)")
             fs.close()
 
             _step("datacache get datasets -o wide; datacache get runtimes")

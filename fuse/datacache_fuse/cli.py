@@ -1,0 +1,95 @@
+"""``datacache mount`` and ``datacache unmount``: plain click commands.
+
+The ``datacache`` group adds them with ``main.add_command(datacache_fuse.cli.mount)`` and
+``main.add_command(datacache_fuse.cli.unmount)``; ``python -m datacache_fuse`` runs them alone.
+User mistakes (no such dataset, a live mount in the way, no FUSE) print one message and exit 1,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from datacache_fuse import mountinfo
+from datacache_fuse.daemon import MountError, log_path, serve
+from datacache_fuse.launcher import daemon_argv, start_background, supervise
+from datacache_fuse.launcher import unmount as _unmount
+from datacache_fuse.mountinfo import MountState
+
+
+def _home(home: str | None) -> str:
+    from datacache.control.state import default_home
+
+    return os.path.abspath(home or default_home())
+
+
+def _user_errors():
+    from datacache.errors import DatacacheError
+
+    return (MountError, DatacacheError, mountinfo.UnmountError)
+
+
+@click.command()
+@click.argument("dataset")
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("-n", "--namespace", default="default", show_default=True, help="Namespace of the dataset.")
+@click.option("--background", is_flag=True,
+              help="Run the daemon detached; return once the mount answers.")
+@click.option("--restart", is_flag=True,
+              help="Supervise the daemon and re-mount by itself when it dies.")
+@click.option("--home", type=click.Path(file_okay=False), default=None,
+              help="DATACACHE_HOME (default: $DATACACHE_HOME or ~/.local/share/datacache).")
+@click.option("-o", "--option", "options", multiple=True, metavar="OPT[,OPT...]",
+              help="FUSE mount option passed to libfuse (e.g. allow_other); repeatable.")
+@click.option("--debug", is_flag=True, help="Log every FUSE request (to the log file and stderr).")
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="With --background: seconds to wait for the mount to answer.")
+def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, timeout):
+    """Mount DATASET read-only at MOUNTPOINT through FUSE.
+
+    Runs in the foreground until unmounted (Ctrl-C or 'datacache unmount MOUNTPOINT'), unless
+    --background is given. A dead mount left by a killed daemon is detected and replaced. Logs go
+    to $DATACACHE_HOME/logs/.
+    """
+    home = _home(home)
+    mountpoint = mountinfo.canonical(mountpoint)
+    logfile = log_path(home, dataset, namespace, mountpoint)
+    try:
+        if background:
+            if mountinfo.probe(mountpoint) is MountState.LIVE:
+                raise MountError(f"{mountpoint} is already mounted: run 'datacache unmount {mountpoint}' first")
+            argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
+                               debug=debug, restart=restart)
+            pid = start_background(argv, mountpoint, logfile, timeout)
+            what = "supervisor" if restart else "daemon"
+            click.echo(f"mounted {namespace}/{dataset} at {mountpoint} ({what} pid {pid}, log {logfile})")
+        elif restart:
+            from datacache_fuse.daemon import setup_logging
+
+            setup_logging(logfile, debug=debug)
+            argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug)
+            raise SystemExit(supervise(argv, mountpoint))
+        else:
+            serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug)
+    except _user_errors() as err:
+        raise click.ClickException(str(err)) from None
+
+
+@click.command()
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("--home", type=click.Path(file_okay=False), default=None,
+              help="DATACACHE_HOME (to find the daemon and wait for it).")
+@click.option("--wait", "wait_s", type=float, default=5.0, show_default=True,
+              help="Seconds to wait for the daemon to exit (it stays while files are open elsewhere).")
+def unmount(mountpoint, home, wait_s):
+    """Unmount the datacache FUSE mount at MOUNTPOINT, lazily.
+
+    The path is free at once even while files on it are open elsewhere; those keep reading until
+    closed, then the daemon exits. A dead mount (ENOTCONN) is removed too.
+    """
+    try:
+        click.echo(_unmount(mountpoint, _home(home), wait_s))
+    except _user_errors() as err:
+        raise click.ClickException(str(err)) from None

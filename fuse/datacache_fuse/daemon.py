@@ -1,0 +1,291 @@
+"""One FUSE daemon process: open the dataset, mount it, serve requests, clean up.
+
+Order, and why:
+
+1. Open the dataset first (``Embedded.open_dataset``): a missing Dataset or CacheRuntime is
+   reported before anything is mounted, and the manifest is loaded (or synced) once.
+2. Prepare the mount point (:func:`prepare_mountpoint`): a dead mount left by a killed daemon is
+   lazily unmounted (case C11), a live one is refused, a missing directory is created.
+3. ``pyfuse3.init`` mounts (read-only, ``default_permissions``, ``fsname=datacache:NS/NAME``,
+   type ``fuse.datacache``); once the kernel's INIT is answered the bdi read-ahead is widened
+   to 1 MiB (see :mod:`.mountinfo`). pyfuse3 runs on asyncio (``pyfuse3.asyncio.enable()``);
+   blocking reads run in the operations' worker pool.
+4. The loop ends when the mount goes away (``datacache unmount``: a lazy unmount ends the session
+   once the last open file is closed) or on SIGTERM/SIGINT/SIGHUP, which unmount (lazily, as
+   libfuse does for root) and exit 0.
+
+A state file ``$DATACACHE_HOME/run/fuse/<hash>.json`` (pid, dataset, mount point, log file) lives
+while the daemon does, so ``unmount`` and supervisors can find the daemon. The log goes to
+``$DATACACHE_HOME/logs/fuse-<namespace>-<dataset>-<hash>.log``; it names paths and errors, never
+option values of mounts or secrets (the core redacts secrets from UFS errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Iterable
+
+from datacache_fuse import mountinfo
+from datacache_fuse.mountinfo import MountState
+
+log = logging.getLogger("datacache_fuse")
+
+READ_AHEAD_KIB = 1024  # bdi read_ahead_kb: 1 MiB kernel read requests
+WORKERS = 32  # threads for blocking reads, per daemon
+
+
+class MountError(Exception):
+    """The dataset could not be mounted at the mount point (message says why and what to do)."""
+
+
+# -- files of a mount ----------------------------------------------------------------------------
+def _key(mountpoint: str) -> str:
+    return hashlib.sha1(mountinfo.canonical(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def log_path(home: str, dataset: str, namespace: str, mountpoint: str) -> str:
+    """The daemon's log file for this mount (under ``home/logs``)."""
+    return os.path.join(home, "logs", f"fuse-{namespace}-{dataset}-{_key(mountpoint)}.log")
+
+
+def state_path(home: str, mountpoint: str) -> str:
+    """The state file of the daemon serving ``mountpoint`` (under ``home/run/fuse``)."""
+    return os.path.join(home, "run", "fuse", f"{_key(mountpoint)}.json")
+
+
+def read_state(home: str, mountpoint: str) -> dict | None:
+    """``{"pid", "dataset", "namespace", "mountpoint", "log", "started"}`` of the daemon serving
+    ``mountpoint``, or None when there is none (or it is gone)."""
+    try:
+        with open(state_path(home, mountpoint), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if _alive(state.get("pid")) else None
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def ensure_private_dir(path: str) -> str:
+    """Create ``path`` and any missing parents with mode 0700 (``os.makedirs`` applies its mode
+    to the last component only)."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+    return missing[0] if missing else path
+
+
+def _write_state(path: str, state: dict) -> None:
+    ensure_private_dir(os.path.dirname(path))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        json.dump(state, f)
+    os.replace(tmp, path)
+
+
+def _remove_state(path: str) -> None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            if json.load(f).get("pid") != os.getpid():
+                return  # a newer daemon owns it
+        os.unlink(path)
+    except (OSError, ValueError):
+        pass
+
+
+def setup_logging(path: str, debug: bool = False, stderr: bool = True) -> None:
+    """Log to ``path`` (0600, appended) and, when ``stderr``, warnings (everything with
+    ``debug``) to stderr too."""
+    ensure_private_dir(os.path.dirname(path))
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    fh = logging.FileHandler(path, encoding="utf-8")
+    fh.setFormatter(fmt)
+    root.addHandler(fh)
+    if stderr and not _same_file(sys.stderr, path):  # a background daemon's stderr is the log
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(fmt)
+        sh.setLevel(logging.DEBUG if debug else logging.WARNING)
+        root.addHandler(sh)
+    root.setLevel(logging.DEBUG if debug else logging.WARNING)
+    logging.getLogger("datacache_fuse").setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+def _same_file(stream, path: str) -> bool:
+    try:
+        a, b = os.fstat(stream.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+# -- mounting ------------------------------------------------------------------------------------
+def mount_options(dataset: str, namespace: str, runtime_options: dict | None = None,
+                  extra: Iterable[str] = ()) -> set[str]:
+    """libfuse mount options: ``ro``, ``default_permissions``, ``fsname=datacache:NS/NAME``,
+    ``subtype=datacache``, then the runtime's ``fuse.options`` (name -> value; ``""``/``"true"``
+    means a bare flag) and ``extra`` (``-o`` values, comma lists allowed). ``rw`` is ignored: the
+    mount is read-only."""
+    opts = {"ro", "default_permissions", f"fsname=datacache:{namespace}/{dataset}", "subtype=datacache"}
+    for name, value in (runtime_options or {}).items():
+        opts.add(name if str(value).lower() in ("", "true") else f"{name}={value}")
+    for item in extra:
+        opts.update(o.strip() for o in item.split(",") if o.strip())
+    opts.discard("rw")
+    bad = sorted(o for o in opts if o.split("=", 1)[0] == "max_read")
+    if bad:
+        raise MountError(f"mount option {bad[0]} is not supported: libfuse ends the session at INIT when "
+                         "max_read is set (the kernel's request size follows the read-ahead window, "
+                         "which the daemon sets to 1 MiB)")
+    return opts
+
+
+def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0) -> None:
+    """Make ``mountpoint`` ready to be mounted on (case C11).
+
+    A dead FUSE mount (its daemon was killed: ENOTCONN) is lazily unmounted; a missing directory
+    is created. Raises :class:`MountError` when a live FUSE mount is already there, when an old
+    mount does not answer within ``probe_timeout`` seconds, or when the path is not a directory.
+    """
+    state = mountinfo.probe(mountpoint, probe_timeout)
+    if state is MountState.DEAD:
+        log.warning("%s: found a dead FUSE mount (its daemon is gone); unmounting it lazily", mountpoint)
+        try:
+            mountinfo.lazy_unmount(mountpoint)
+        except mountinfo.UnmountError as err:
+            raise MountError(f"{mountpoint}: a dead mount is in the way and could not be removed: {err}") from None
+    elif state is MountState.LIVE:
+        top = mountinfo.mounted_at(mountpoint)
+        raise MountError(f"{mountpoint} is already mounted ({top.source if top else 'FUSE'}): "
+                         f"run 'datacache unmount {mountpoint}' first")
+    elif state is MountState.HUNG:
+        raise MountError(f"{mountpoint}: a FUSE mount there does not answer; run "
+                         f"'datacache unmount {mountpoint}' (lazy) and retry")
+    try:
+        os.makedirs(mountpoint, exist_ok=True)
+    except FileExistsError:
+        raise MountError(f"{mountpoint} exists and is not a directory") from None
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"{mountpoint} is not a directory")
+
+
+def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,
+          options: Iterable[str] = (), debug: bool = False, stderr: bool = True,
+          read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS) -> None:
+    """Mount ``namespace/dataset`` at ``mountpoint`` and serve it until unmounted or signalled.
+
+    Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
+    mount options; ``read_ahead_kib``: the bdi read-ahead (KiB, 0 leaves the kernel's default);
+    ``workers``: threads for blocking reads. Raises ``datacache.errors.ResourceError`` (no such
+    dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
+    e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
+    """
+    import pyfuse3
+    import pyfuse3.asyncio
+
+    from datacache.control.embedded import Embedded
+    from datacache.control.state import default_home
+    from datacache_fuse.ops import DatacacheOperations
+
+    home = os.path.abspath(home or default_home())
+    mountpoint = mountinfo.canonical(mountpoint)
+    logfile = log_path(home, dataset, namespace, mountpoint)
+    setup_logging(logfile, debug=debug, stderr=stderr)
+    log.info("mounting %s/%s at %s (pid %d)", namespace, dataset, mountpoint, os.getpid())
+
+    plane = Embedded(home)
+    client = None
+    try:
+        runtime = plane.runtime_for(plane.get("Dataset", dataset, namespace))
+        client = plane.open_dataset(dataset, namespace)  # ResourceError without a runtime
+        fuse_spec = runtime.spec.fuse
+        opts = mount_options(dataset, namespace, fuse_spec.options, options)
+        prepare_mountpoint(mountpoint)
+
+        def after_init() -> None:
+            if read_ahead_kib:
+                got = mountinfo.set_read_ahead(mountpoint, read_ahead_kib)
+                log.info("read-ahead window of %s: %s KiB", mountpoint, got)
+
+        ops = DatacacheOperations(client, attr_timeout=fuse_spec.attr_timeout, workers=workers,
+                                  on_init=after_init)
+        pyfuse3.asyncio.enable()
+        try:
+            pyfuse3.init(ops, mountpoint, opts)
+        except RuntimeError as err:
+            raise MountError(f"cannot mount at {mountpoint}: {err} (is /dev/fuse there, and fusermount3 "
+                             f"installed? see {logfile})") from None
+        state_file = state_path(home, mountpoint)
+        ours = mountinfo.mounted_at(mountpoint)  # this session's mount (its dev tells it from later ones)
+        try:
+            os.chdir("/")  # do not pin the caller's working directory
+            _write_state(state_file, {"pid": os.getpid(), "dataset": dataset, "namespace": namespace,
+                                      "mountpoint": mountpoint, "log": logfile,
+                                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            log.info("mounted %s/%s at %s with options %s", namespace, dataset, mountpoint, ",".join(sorted(opts)))
+            signalled = asyncio.run(_main_loop(workers))
+            top = mountinfo.mounted_at(mountpoint)
+            if not signalled and top is not None and ours is not None and top.dev == ours.dev:
+                raise MountError(f"the FUSE session at {mountpoint} ended while still mounted (a refused "
+                                 f"option or INIT handshake?); see {logfile}")
+        finally:
+            pyfuse3.close(unmount=True)  # a no-op when the kernel already ended the session
+            open_files = ops.open_files
+            ops.close()
+            _remove_state(state_file)
+            log.info("%s: session ended (%d files were open)", mountpoint, open_files)
+    finally:
+        if client is not None:
+            client.close()
+        plane.close()
+
+
+async def _main_loop(workers: int) -> bool:
+    """Serve until the session ends; True when it ended because of a signal."""
+    import pyfuse3
+
+    loop = asyncio.get_running_loop()
+    signalled = []
+
+    def stop(signame: str) -> None:
+        log.info("%s received: unmounting", signame)
+        signalled.append(signame)
+        pyfuse3.terminate()
+
+    def on_error(loop, context) -> None:
+        # pyfuse3.asyncio's wait_readable leaves its fd callback armed after terminate() failed the
+        # future: the late set_result raises InvalidStateError. Harmless; keep it out of the log.
+        if isinstance(context.get("exception"), asyncio.InvalidStateError):
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(on_error)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop, sig.name)
+    await pyfuse3.main(min_tasks=1, max_tasks=max(64, 2 * workers))
+    return bool(signalled)

@@ -1,0 +1,338 @@
+"""The FUSE request handlers: kernel requests translated into DatasetClient calls, nothing more.
+
+What each handler does is a lookup in the manifest (``lookup``, ``getattr``, ``readdir``: cheap
+dict operations, done on the event-loop thread) or a call into the Reader (``read``, xattrs,
+``statfs``: they touch the disk cache or the network, so they run in a bounded worker pool and
+never on the event loop). The layer knows nothing of workers, the UFS or the cache policy.
+
+Rules, and why:
+
+- **Read-only.** Every call that would change the tree or a file (write, create, mknod, mkdir,
+  unlink, rmdir, rename, link, symlink, setattr, setxattr, removexattr, and ``open`` for writing)
+  answers EROFS. The mount is also made with ``-o ro``, so the kernel refuses most of them first.
+- **Caching by the kernel.** Entries and attributes carry ``entry_timeout``/``attr_timeout``
+  (the runtime's ``fuse.attrTimeout``, seconds): repeated ``stat``/``lookup`` do not reach the
+  daemon. ``open`` sets ``keep_cache`` when the file's version is the one this daemon saw at the
+  previous open of that inode, so a later epoch is served from the kernel page cache; when the
+  version changed (a per-file refresh, case C5), ``keep_cache`` is off, which makes the kernel drop
+  the old pages, and the inode's attributes are invalidated so the new size is seen.
+- **One Reader per open handle.** Each ``open`` gets its own ``DatasetFile`` (pinned to one
+  version, case C3) whose sequential detection drives read-ahead; reads of one handle are
+  serialised (a DatasetFile keeps a current block and is not thread-safe), reads of different
+  handles run in parallel in the pool. Read-ahead memory is one budget for the whole daemon (the
+  block source's ``MemoryBudget``), not per handle.
+- **Errors** go through :mod:`.errmap`: ENOENT for missing paths, EIO only for real read failures.
+  A read that failed is not retried against the UFS for ``RETRY_WINDOW`` seconds when the kernel
+  asks again for the same range (it retries a failed read-ahead page by page), so an outage costs
+  the reader one round of the UFS client's retries, not two.
+- **Cache state where users look.** ``getfattr -n user.datacache.cached FILE`` is the cached
+  fraction of the file's blocks (``"0.75"``); ``user.datacache.version`` is the pinned version;
+  ``statfs`` (``df``) reports the cache: size = capacity, used = bytes cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyfuse3
+
+from datacache_fuse.errmap import errno_of, translated
+from datacache_fuse.inodes import InodeTable
+
+log = logging.getLogger("datacache_fuse")
+
+XATTR_CACHED = b"user.datacache.cached"
+XATTR_VERSION = b"user.datacache.version"
+XATTR_UFS_PATH = b"user.datacache.ufs_path"
+FILE_XATTRS = (XATTR_CACHED, XATTR_VERSION, XATTR_UFS_PATH)
+
+STATFS_BLOCK = 4096  # f_frsize/f_bsize, bytes
+ST_BLKSIZE = 128 * 1024  # preferred I/O size (Python's open() buffers this much)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+
+
+RETRY_WINDOW = 2.0  # seconds a failed read range answers its errno again without a new UFS try
+
+
+@dataclass
+class _Handle:
+    file: object  # datacache.reader.DatasetFile
+    inode: int
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    failed: tuple = ()  # (monotonic time, offset, size, errno) of the last failed read
+    block: int = -1  # index of the block the DatasetFile holds (the last one it read)
+
+
+class DatacacheOperations(pyfuse3.Operations):
+    """pyfuse3 handlers over one ``datacache.client.DatasetClient``.
+
+    ``attr_timeout``: seconds the kernel may cache entries and attributes; ``workers``: threads
+    for blocking calls (reads, xattrs, statfs); ``on_init``: called (no arguments, on the event
+    loop) once the kernel's INIT request has been answered, e.g. to set the bdi read-ahead.
+    """
+
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+
+    def __init__(self, client, *, attr_timeout: float = 60.0, workers: int = 32, on_init=None):
+        super().__init__()
+        self.client = client
+        self.attr_timeout = float(attr_timeout)
+        self.inodes = InodeTable()
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="datacache-fuse")
+        self._on_init = on_init
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._mount_ns = time.time_ns()
+        self._files: dict[int, _Handle] = {}
+        self._dirs: dict[int, tuple] = {}  # fh -> (dir path, [(name, FileEntry | None)])
+        self._next_fh = 1
+        self._versions: dict[int, str] = {}  # inode -> version at its last open (keep_cache rule)
+        self._subdirs: dict[str, int] = {}  # dir path -> number of subdirectories (for st_nlink)
+        self._subdirs_of = None  # the manifest _subdirs was computed for
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def init(self) -> None:
+        if self._on_init is not None:
+            # init() runs inside the INIT request, before libfuse sends its reply; call_soon runs
+            # after the reply has been written (and processed by the kernel).
+            asyncio.get_running_loop().call_soon(self._on_init)
+
+    def close(self) -> None:
+        """Close every open handle and stop the worker pool (after the main loop ended)."""
+        for handle in self._files.values():
+            handle.file.close()
+        self._files.clear()
+        self._dirs.clear()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def open_files(self) -> int:
+        return len(self._files)
+
+    async def _blocking(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    # -- metadata --------------------------------------------------------------------------------
+    def _resolve(self, path: str):
+        """``(kind, entry)`` of a dataset path: ``("file", FileEntry)`` or ``("dir", None)``.
+        Raises FileNotFoundError (never EIO) when the manifest has no such path."""
+        manifest = self.client.manifest
+        entry = manifest.lookup(path)
+        if entry is not None:
+            return "file", entry
+        if manifest.is_dir(path):
+            return "dir", None
+        raise FileNotFoundError(errno.ENOENT, "no such file or directory in the dataset", path)
+
+    def _nlink(self, path: str) -> int:
+        manifest = self.client.manifest
+        if self._subdirs_of is not manifest:
+            self._subdirs, self._subdirs_of = {}, manifest
+        n = self._subdirs.get(path)
+        if n is None:
+            n = sum(1 for child in manifest.listdir(path).values() if child is None)
+            self._subdirs[path] = n
+        return 2 + n
+
+    def _attrs(self, inode: int, path: str, entry) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = inode
+        a.generation = 0
+        a.entry_timeout = self.attr_timeout
+        a.attr_timeout = self.attr_timeout
+        a.st_uid, a.st_gid = self._uid, self._gid
+        a.st_blksize = ST_BLKSIZE
+        if entry is None:
+            a.st_mode = stat.S_IFDIR | 0o555
+            a.st_nlink = self._nlink(path)
+            a.st_size = 0
+            a.st_blocks = 0
+            ns = self._mount_ns
+        else:
+            a.st_mode = stat.S_IFREG | 0o444
+            a.st_nlink = 1
+            a.st_size = entry.size
+            a.st_blocks = (entry.size + 511) // 512
+            ns = int(entry.mtime * 1e9)
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
+        return a
+
+    @translated
+    async def lookup(self, parent_inode, name, ctx=None):
+        path = InodeTable.child(self.inodes.path(parent_inode), os.fsdecode(name))
+        try:
+            kind, entry = self._resolve(path)
+        except FileNotFoundError:
+            # A negative entry cached for attr_timeout: the manifest is a snapshot, so a missing
+            # name stays missing until the next mount (probing loops cost one request).
+            neg = pyfuse3.EntryAttributes()
+            neg.st_ino = 0
+            neg.entry_timeout = self.attr_timeout
+            return neg
+        return self._attrs(self.inodes.inode(path), path, entry)
+
+    @translated
+    async def getattr(self, inode, ctx=None):
+        path = self.inodes.path(inode)
+        _, entry = self._resolve(path)
+        return self._attrs(inode, path, entry)
+
+    async def forget(self, inode_list):
+        return None  # inodes are never freed (see inodes.py)
+
+    @translated
+    async def opendir(self, inode, ctx):
+        path = self.inodes.path(inode)
+        children = self.client.manifest.listdir(path)  # raises ENOENT / ENOTDIR
+        fh = self._new_fh()
+        # A snapshot sorted by name: readdir offsets index it, so they stay valid across calls.
+        self._dirs[fh] = (path, sorted(children.items(), key=lambda kv: kv[0]))
+        return fh
+
+    @translated
+    async def readdir(self, fh, start_id, token):
+        snapshot = self._dirs.get(fh)
+        if snapshot is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        path, children = snapshot
+        for i in range(start_id, len(children)):
+            name, entry = children[i]
+            child = InodeTable.child(path, name)
+            attrs = self._attrs(self.inodes.inode(child), child, entry)
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
+                break
+
+    @translated
+    async def releasedir(self, fh):
+        self._dirs.pop(fh, None)
+
+    @translated
+    async def statfs(self, ctx):
+        used, capacity = await self._blocking(self.client.usage)
+        manifest = self.client.manifest
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = STATFS_BLOCK
+        s.f_blocks = capacity // STATFS_BLOCK
+        s.f_bfree = s.f_bavail = max(capacity - used, 0) // STATFS_BLOCK
+        s.f_files = manifest.file_num
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = 255
+        return s
+
+    # -- xattrs ----------------------------------------------------------------------------------
+    @translated
+    async def getxattr(self, inode, name, ctx):
+        kind, entry = self._resolve(self.inodes.path(inode))
+        if kind == "file":
+            if name == XATTR_CACHED:
+                fraction = await self._blocking(self.client.cached_fraction, entry)
+                return str(round(fraction, 4)).encode()
+            if name == XATTR_VERSION:
+                return entry.version.encode()
+            if name == XATTR_UFS_PATH:
+                return f"{entry.mount}:{entry.ufs_path}".encode()
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    @translated
+    async def listxattr(self, inode, ctx):
+        kind, _ = self._resolve(self.inodes.path(inode))
+        return list(FILE_XATTRS) if kind == "file" else []
+
+    # -- data ------------------------------------------------------------------------------------
+    def _new_fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    @translated
+    async def open(self, inode, flags, ctx):
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        path = self.inodes.path(inode)
+        kind, _ = self._resolve(path)
+        if kind == "dir":
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        f = self.client.open(path)  # metadata only: pins the current version, no I/O
+        version = f.entry.version
+        previous = self._versions.get(inode)
+        self._versions[inode] = version
+        if previous is not None and previous != version:
+            self.pool.submit(_invalidate_attrs, inode)
+        fh = self._new_fh()
+        self._files[fh] = _Handle(f, inode)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=previous == version, direct_io=False)
+
+    @translated
+    async def read(self, fh, off, size):
+        handle = self._files.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        async with handle.lock:
+            if handle.failed:
+                when, f_off, f_size, code = handle.failed
+                if time.monotonic() - when < RETRY_WINDOW and f_off <= off < f_off + f_size:
+                    # The kernel retries a failed read-ahead page by page at once; answer from
+                    # the failure just seen instead of waiting for the UFS's retries again.
+                    raise pyfuse3.FUSEError(code)
+            bs = self.client.block_size
+            end = min(off + size, handle.file.size)
+            if end <= off:
+                return b""
+            first, last = off // bs, (end - 1) // bs
+            if first == last == handle.block:
+                # The Reader keeps the block under its cursor: this read is a slice of memory,
+                # cheaper on the loop than a round trip through the pool.
+                return handle.file.pread(off, size)
+            try:
+                data = await self._blocking(handle.file.pread, off, size)
+            except OSError as err:
+                handle.block = -1
+                handle.failed = (time.monotonic(), off, size, errno_of(err))
+                raise
+            handle.block = last
+            return data
+
+    @translated
+    async def flush(self, fh):
+        return None
+
+    @translated
+    async def release(self, fh):
+        handle = self._files.pop(fh, None)
+        if handle is not None:
+            handle.file.close()
+
+    @translated
+    async def access(self, inode, mode, ctx):
+        self._resolve(self.inodes.path(inode))
+        return not mode & os.W_OK
+
+    # -- read-only: everything that would write -----------------------------------------------
+    async def _erofs(self, *args, **kwargs):
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = _erofs
+    write = create = setxattr = removexattr = _erofs
+
+    async def fsync(self, fh, datasync):
+        return None  # nothing is ever dirty
+
+    async def fsyncdir(self, fh, datasync):
+        return None
+
+    async def readlink(self, inode, ctx):
+        raise pyfuse3.FUSEError(errno.EINVAL)  # the dataset has no symlinks
+
+
+def _invalidate_attrs(inode: int) -> None:
+    try:
+        pyfuse3.invalidate_inode(inode, attr_only=True)
+    except OSError as err:  # the kernel forgot the inode, or the session is closing
+        log.debug("invalidate_inode(%d): %s", inode, err)

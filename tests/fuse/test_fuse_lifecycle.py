@@ -1,0 +1,240 @@
+"""Mount life cycle: background start, clean and lazy unmount, SIGTERM, dead daemons (case C11),
+the --restart supervisor, refusals, and EIO only for real read failures."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from fuse_support import (S3_KEY, S3_SECRET, apply_dataset, cli, daemon_pid, force_cleanup, is_listed,
+                      mount, sha256, sha256_path, wait_until)
+from datacache_fuse.mountinfo import MountState, mounted_at, probe
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+_READER = textwrap.dedent("""
+    import os, sys
+    paths = sys.argv[1:]
+    print("reading", flush=True)
+    try:
+        while True:  # open again and again: every open reaches the daemon
+            for p in paths:
+                with open(p, "rb") as f:
+                    while f.read(1 << 20):
+                        pass
+    except OSError as err:
+        print("errno", err.errno, flush=True)
+""")
+
+
+def test_c11_sigkill_gives_enotconn_then_mount_again(fuse_env, mountpoint):
+    pid = mount(fuse_env, mountpoint)
+    paths = [os.path.join(mountpoint, p) for p in fuse_env.shared_files if p.startswith("s3/")]
+    reader = subprocess.Popen([sys.executable, "-c", _READER, *paths], stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "reading"
+        os.kill(pid, signal.SIGKILL)
+        out, _ = reader.communicate(timeout=30)  # an error, not a hang
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    code = int(out.split()[-1])
+    assert code in (errno.ENOTCONN, errno.ECONNABORTED), out
+    for call in (os.listdir, os.statvfs, lambda p: open(os.path.join(p, "s3/medium.bin"), "rb")):
+        with pytest.raises(OSError) as exc:
+            call(mountpoint)
+        assert exc.value.errno == errno.ENOTCONN
+    assert is_listed(mountpoint) and probe(mountpoint) is MountState.DEAD
+
+    # Mounting again on the corpse: detected, lazily unmounted, mounted afresh (no "File exists").
+    pid2 = mount(fuse_env, mountpoint)
+    assert pid2 != pid
+    assert probe(mountpoint) is MountState.LIVE
+    rel = "s3/medium.bin"
+    assert sha256_path(os.path.join(mountpoint, rel)) == fuse_env.expected[rel]
+    with open("/proc/self/mountinfo") as f:
+        assert sum(line.split()[4] == mountpoint for line in f) == 1  # no stacked corpse below
+
+
+def test_unmount_removes_a_dead_mount(fuse_env, mountpoint):
+    pid = mount(fuse_env, mountpoint)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: probe(mountpoint, 2) is MountState.DEAD, 15, "the mount to be dead")
+    r = cli("unmount", mountpoint, home=fuse_env.home)
+    assert r.returncode == 0, r.stderr
+    assert not is_listed(mountpoint)
+    assert os.listdir(mountpoint) == []  # the plain directory again
+
+
+def test_restart_supervisor_remounts_after_sigkill(fuse_env, mountpoint):
+    supervisor = mount(fuse_env, mountpoint, "--restart")
+    try:
+        first = wait_until(lambda: daemon_pid(fuse_env.home, mountpoint), 20, "the daemon's state file")
+        assert first != supervisor
+        os.kill(first, signal.SIGKILL)
+
+        def remounted():
+            pid = daemon_pid(fuse_env.home, mountpoint)
+            return pid if pid and pid != first and probe(mountpoint, 2) is MountState.LIVE else None
+
+        second = wait_until(remounted, 30, "the supervisor to mount again")
+        rel = "s3/imgs/img_3.png"
+        assert sha256_path(os.path.join(mountpoint, rel)) == fuse_env.expected[rel]
+
+        r = cli("unmount", mountpoint, home=fuse_env.home)
+        assert r.returncode == 0, r.stderr
+        assert not is_listed(mountpoint)
+        wait_until(lambda: not _alive(second), 15, "the daemon to exit")
+        wait_until(lambda: not _alive(supervisor), 15, "the supervisor to exit after a clean unmount")
+    finally:
+        force_cleanup(fuse_env.home, mountpoint, supervisor)
+
+
+def test_unmount_is_lazy_while_a_file_is_open(fuse_env, mountpoint):
+    pid = mount(fuse_env, mountpoint)
+    rel = "s3/medium.bin"
+    src = fuse_env.source(rel)
+    fd = os.open(os.path.join(mountpoint, rel), os.O_RDONLY)
+    try:
+        assert os.pread(fd, 1000, 0) == src[:1000]
+        r = cli("unmount", mountpoint, "--wait", "0", home=fuse_env.home)
+        assert r.returncode == 0, r.stderr
+        assert not is_listed(mountpoint)  # the path is free at once
+        assert os.pread(fd, len(src), 0) == src  # the open file still reads
+        assert _alive(pid)
+    finally:
+        os.close(fd)
+    wait_until(lambda: not _alive(pid), 15, "the daemon to exit once the last file is closed")
+    assert daemon_pid(fuse_env.home, mountpoint) is None
+
+
+def test_foreground_daemon_unmounts_on_sigterm(fuse_env, mountpoint):
+    proc = subprocess.Popen([sys.executable, "-m", "datacache_fuse", "mount", fuse_env.name, mountpoint,
+                             "--home", fuse_env.home, "-o", "allow_other,noatime", "--debug"],
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: proc.poll() is not None or probe(mountpoint, 2) is MountState.LIVE, 60, "the mount")
+        assert proc.poll() is None, proc.communicate()
+        assert sorted(os.listdir(mountpoint)) == ["local", "s3"]
+        top = mounted_at(mountpoint)
+        assert top.fstype == "fuse.datacache" and top.source == f"datacache:default/{fuse_env.name}"
+        assert {"ro", "allow_other", "default_permissions"} <= set(top.options.split(","))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert not is_listed(mountpoint)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_mount_refuses_a_live_mount(fuse_env, mountpoint):
+    mount(fuse_env, mountpoint)
+    r = cli("mount", fuse_env.name, mountpoint, "--background", home=fuse_env.home)
+    assert r.returncode == 1
+    assert "already mounted" in r.stderr and "Traceback" not in r.stderr
+    with open("/proc/self/mountinfo") as f:
+        assert sum(line.split()[4] == mountpoint for line in f) == 1
+    assert sorted(os.listdir(mountpoint)) == ["local", "s3"]  # the first mount is untouched
+
+
+def test_mount_refuses_max_read(fuse_env, mountpoint):
+    r = cli("mount", fuse_env.name, mountpoint, "-o", "max_read=1048576", home=fuse_env.home)
+    assert r.returncode == 1 and "max_read" in r.stderr and "Traceback" not in r.stderr
+    assert not is_listed(mountpoint)
+
+
+def test_mount_of_unknown_dataset_fails_cleanly(fuse_env, mountpoint):
+    r = cli("mount", "no-such-dataset", mountpoint, "--background", "--timeout", "30", home=fuse_env.home)
+    assert r.returncode == 1
+    assert "no-such-dataset" in r.stderr and "not found" in r.stderr
+    assert not is_listed(mountpoint)
+
+
+def test_unmount_of_a_plain_directory_is_an_error(fuse_env, mountpoint):
+    r = cli("unmount", mountpoint, home=fuse_env.home)
+    assert r.returncode == 1 and "not mounted" in r.stderr
+
+
+def test_eio_only_when_the_ufs_is_down_and_the_block_is_not_cached(fuse_available, tmp_path):
+    """Cached data still reads with the UFS gone; uncached data fails fast with EIO; a missing
+    path is still ENOENT, never EIO."""
+    from datacache.demo.s3server import MotoServer
+
+    home, mp = str(tmp_path / "home"), str(tmp_path / "mnt")
+    os.makedirs(home, mode=0o700)
+    os.makedirs(mp)
+    a, b = os.urandom(300_000), os.urandom(300_000)
+    server = MotoServer().start()
+    try:
+        fs = server.s3fs(key=S3_KEY, secret=S3_SECRET)
+        fs.mkdir("eiobkt")
+        fs.pipe({"eiobkt/data/a.bin": a, "eiobkt/data/b.bin": b})
+        apply_dataset(home, "fuseeio", server.endpoint_url, "eiobkt", None)
+        r = cli("mount", "fuseeio", mp, "--background", home=home)
+        assert r.returncode == 0, r.stderr
+        with open(os.path.join(mp, "a.bin"), "rb") as f:
+            assert f.read() == a  # now cached
+        server.stop()
+
+        with open(os.path.join(mp, "a.bin"), "rb") as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # force the daemon's path
+            assert sha256(f.read()) == sha256(a)
+        assert os.stat(os.path.join(mp, "b.bin")).st_size == len(b)  # metadata: the manifest
+        with pytest.raises(FileNotFoundError):
+            os.stat(os.path.join(mp, "c.bin"))
+
+        result: dict = {}
+
+        def read_b():
+            try:
+                with open(os.path.join(mp, "b.bin"), "rb") as f:
+                    result["data"] = f.read()
+            except OSError as err:
+                result["errno"] = err.errno
+
+        t = threading.Thread(target=read_b, daemon=True)
+        started = time.monotonic()
+        t.start()
+        t.join(60)
+        print(f"EIO after {time.monotonic() - started:.1f} s")
+        assert not t.is_alive(), "a read with the UFS down hung"
+        assert result.get("errno") == errno.EIO, result.keys()
+        _assert_no_secret_in_logs(home)
+    finally:
+        server.stop()
+        force_cleanup(home, mp)
+
+
+def _assert_no_secret_in_logs(home: str) -> None:
+    logs = os.path.join(home, "logs")
+    names = os.listdir(logs)
+    assert names
+    for name in names:
+        with open(os.path.join(logs, name), encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        assert S3_SECRET not in text and S3_KEY not in text, name
+        assert os.stat(os.path.join(logs, name)).st_mode & 0o077 == 0  # 0600
+
+
+def test_logs_name_no_secrets(fuse_env, mnt):
+    assert sorted(os.listdir(mnt)) == ["local", "s3"]
+    _assert_no_secret_in_logs(fuse_env.home)
