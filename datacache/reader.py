@@ -89,7 +89,7 @@ class DatasetFile(io.RawIOBase):
         first, last = offset // self._bs, (end - 1) // self._bs
         if first == last:
             block = self._block(first)
-            return block[offset - first * self._bs:end - first * self._bs]
+            return bytes(block[offset - first * self._bs:end - first * self._bs])
         parts = []
         for i in range(first, last + 1):
             block = self._block(i)
@@ -106,8 +106,14 @@ class DatasetFile(io.RawIOBase):
         block = self._src.get(self.entry, index)
         sequential = index in (cur_index + 1, self._last_index + 1)
         self._cur_index, self._cur, self._last_index = index, block, cur_index
-        if sequential or index == 0:
-            for ahead in range(index + 1, min(index + 1 + self._readahead, self._nblocks)):
+        if sequential and cur_index >= 0:  # the window slides by one block
+            window = range(index + self._readahead, index + self._readahead + 1)
+        elif sequential or index == 0:  # a new sequential run: the whole window
+            window = range(index + 1, index + 1 + self._readahead)
+        else:
+            window = range(0)
+        for ahead in window:
+            if ahead < self._nblocks:
                 self._src.prefetch(self.entry, ahead)
         return block
 

@@ -1,4 +1,4 @@
-"""Resource models: Dataset, CacheRuntime and DataLoad under ``datacache.io/v1alpha1``.
+"""Resource models: Dataset, CacheRuntime, ThinRuntime(Profile) and DataLoad under ``datacache.io/v1alpha1``.
 
 Resources are Kubernetes-shaped (``apiVersion``, ``kind``, ``metadata``, ``spec``, ``status``) and
 use Fluid's field names, camelCase in YAML. Python code uses snake_case attributes (both spellings
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from importlib.metadata import entry_points
 from typing import Annotated, Any, Literal, Union
 
 from fsspec.registry import known_implementations as _fsspec_known
@@ -38,6 +39,8 @@ __all__ = [
     "FieldProblems",
     "register_scheme",
     "known_schemes",
+    "RUNTIME_PLUGIN_GROUP",
+    "plugin_schemes",
     "ObjectMeta",
     "SecretKeySelector",
     "EncryptOptionSource",
@@ -55,6 +58,12 @@ __all__ = [
     "CacheRuntimeSpec",
     "RuntimeStatus",
     "CacheRuntime",
+    "PlainOptions",
+    "ThinFuseCommand",
+    "ThinRuntimeProfileSpec",
+    "ThinRuntimeProfile",
+    "ThinRuntimeSpec",
+    "ThinRuntime",
     "DataLoadDataset",
     "DataLoadTarget",
     "DataLoadSpec",
@@ -206,6 +215,17 @@ def known_schemes() -> frozenset[str]:
     return frozenset((names - _EXCLUDED_SCHEMES) | _EXTRA_SCHEMES)
 
 
+RUNTIME_PLUGIN_GROUP = "datacache.runtimes"
+"""Entry-point group of runtime plugins (see ``runtimes/README.md``)."""
+
+
+def plugin_schemes() -> frozenset[str]:
+    """Names of the installed runtime plugins (entry points in :data:`RUNTIME_PLUGIN_GROUP`); a mount
+    may use each as its URL scheme. Reads package metadata (about 10 ms), so it is consulted only
+    for schemes fsspec does not know."""
+    return frozenset(entry_points(group=RUNTIME_PLUGIN_GROUP).names)
+
+
 def _scheme_list(known: frozenset[str]) -> str:
     shown = [s for s in _POPULAR_SCHEMES if s in known]
     return ", ".join(shown + ["..."])
@@ -304,7 +324,7 @@ class Mount(_Model):
             )
         scheme = match["scheme"].lower()
         known = known_schemes()
-        if scheme not in known:
+        if scheme not in known and scheme not in plugin_schemes():
             raise ValueError(f"unsupported scheme '{match['scheme']}' (known: {_scheme_list(known)})")
         return value
 
@@ -582,6 +602,89 @@ class CacheRuntime(_Model):
     status: RuntimeStatus | None = None
 
 
+# --- ThinRuntime --------------------------------------------------------------------------------
+
+PlainOptions = Annotated[dict[str, Any], AfterValidator(lambda value: Mount._check_options(value))]
+"""Options for a runtime: strings, numbers and booleans; credentials only through secret refs."""
+
+
+class ThinFuseCommand(_Model):
+    """``fuse`` of a ThinRuntimeProfile: a command that mounts the storage and stays in the foreground.
+
+    ``command`` is an argv list, never a shell string: every item is one argument, passed as written
+    except that ``$(DATACACHE_THIN_CONFIG)`` and ``$(DATACACHE_THIN_TARGET)`` become the config
+    file's path and the target directory. ``mount_timeout`` (seconds) bounds the wait for the mount.
+    """
+
+    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    mount_timeout: Annotated[float, Field(gt=0, le=600)] = 30.0
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv_only(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(f"{describe(value)} is a string: write the command as an argv list, one item "
+                             f"per argument (e.g. {value.split()!r}); it never runs through a shell")
+        return value
+
+
+class ThinRuntimeProfileSpec(_Model):
+    """How a self-built filesystem plugs in: exactly one of ``plugin`` (the name of an entry point in
+    group ``datacache.runtimes``) or ``fuse`` (a FUSE command). ``options`` are defaults that the
+    ThinRuntime's and each mount's options override. ``file_system_type`` may be used as a mount's
+    URL scheme (it is registered with :func:`register_scheme`)."""
+
+    file_system_type: Annotated[str, Field(pattern=_SCHEME.pattern, max_length=63)]
+    plugin: Annotated[str, Field(min_length=1)] | None = None
+    fuse: ThinFuseCommand | None = None
+    options: PlainOptions = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> "ThinRuntimeProfileSpec":
+        if (self.plugin is None) == (self.fuse is None):
+            raise FieldProblems([((), (
+                "set exactly one of plugin (an entry point in group 'datacache.runtimes') "
+                "or fuse.command (a FUSE command as an argv list)"
+            ))])
+        register_scheme(self.file_system_type)
+        return self
+
+
+class ThinRuntimeProfile(_Model):
+    """A cluster-wide way to reach a self-built filesystem, named by ThinRuntimes' ``profileName``.
+
+    Cluster-scoped: ``metadata.namespace`` is ignored (kept as ``default``)."""
+
+    api_version: Literal["datacache.io/v1alpha1"] = API_VERSION
+    kind: Literal["ThinRuntimeProfile"] = "ThinRuntimeProfile"
+    metadata: ObjectMeta
+    spec: ThinRuntimeProfileSpec
+
+    @field_validator("metadata")
+    @classmethod
+    def _cluster_scoped(cls, meta: ObjectMeta) -> ObjectMeta:
+        meta.namespace = "default"
+        return meta
+
+
+class ThinRuntimeSpec(CacheRuntimeSpec):
+    """``ThinRuntime.spec``: the profile and its ``options`` (over the profile's), and the cache on
+    top: the same tiers, block size, FUSE and worker fields as a CacheRuntime."""
+
+    profile_name: DnsSubdomain
+    options: PlainOptions = Field(default_factory=dict)
+
+
+class ThinRuntime(_Model):
+    """A runtime whose UFS comes from a ThinRuntimeProfile, for the Dataset of the same name."""
+
+    api_version: Literal["datacache.io/v1alpha1"] = API_VERSION
+    kind: Literal["ThinRuntime"] = "ThinRuntime"
+    metadata: ObjectMeta
+    spec: ThinRuntimeSpec
+    status: RuntimeStatus | None = None
+
+
 # --- DataLoad -----------------------------------------------------------------------------------
 
 _CRON_FIELDS = (
@@ -704,12 +807,15 @@ class DataLoad(_Model):
     status: DataLoadStatus | None = None
 
 
-Resource = Annotated[Union[Dataset, CacheRuntime, DataLoad], Field(discriminator="kind")]
+Resource = Annotated[Union[Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, DataLoad],
+                    Field(discriminator="kind")]
 """Any resource; pydantic picks the class from ``kind``."""
 
 KINDS: dict[str, type[BaseModel]] = {
     "Dataset": Dataset,
     "CacheRuntime": CacheRuntime,
+    "ThinRuntime": ThinRuntime,
+    "ThinRuntimeProfile": ThinRuntimeProfile,
     "DataLoad": DataLoad,
 }
 """Kind name → model class."""

@@ -49,8 +49,9 @@ class LocalBlockSource:
     def is_cached(self, entry: FileEntry, index: int) -> bool:
         return str(self.key(entry, index)) in self.store
 
-    def get(self, entry: FileEntry, index: int) -> bytes:
-        """Block ``index`` of ``entry`` (short only for the last block). Counts a hit or a miss."""
+    def get(self, entry: FileEntry, index: int) -> bytes | memoryview:
+        """Block ``index`` of ``entry`` (short only for the last block); a bytes-like object to
+        slice. Counts a hit or a miss."""
         key = str(self.key(entry, index))
         data = self.store.get(key)
         if self.stats is not None:

@@ -42,8 +42,9 @@ class TieredStore:
         self._mem = next((lv for lv in levels if isinstance(lv, MemoryTier)), None)
         self._disk = next((lv for lv in levels if isinstance(lv, DiskTier)), None)
 
-    def get(self, key: str) -> bytes | None:
-        """The block's bytes from the fastest level holding it, or None."""
+    def get(self, key: str) -> bytes | memoryview | None:
+        """The block's bytes (a memoryview when read from disk) from the fastest level holding
+        it, or None."""
         if self._mem is not None:
             data = self._mem.get(key)
             if data is not None:
@@ -52,6 +53,7 @@ class TieredStore:
             data = self._disk.get(key)
             if data is not None:
                 if self._mem is not None:
+                    data = bytes(data)
                     self._mem.put(key, data)
                 return data
         return None

@@ -82,7 +82,7 @@ class Embedded:
         if kind == "Dataset":
             runtime = self.runtime_for(res)
             if runtime is not None:
-                store = self._store(runtime)
+                store = self.store_for(runtime)
                 store.delete_prefix(f"{name}/")
                 store.close()
             shutil.rmtree(self._dataset_dir(res), ignore_errors=True)
@@ -95,7 +95,7 @@ class Embedded:
             status = reconcile.dataset_status(self._observe(self.get(kind, name, namespace)))
         elif kind == "CacheRuntime":
             rt = self.get(kind, name, namespace)
-            store = self._store(rt)
+            store = self.store_for(rt)
             worker = {"name": f"{name}-worker-0", "ready": True, "capacity": store.capacity, "used": store.used()}
             store.close()
             status = reconcile.runtime_status(rt.spec.replicas, [worker] if rt.spec.replicas else [])
@@ -138,7 +138,7 @@ class Embedded:
             self.sync(name, namespace)
             manifest = self.load_manifest(ds)
         ufs = UnionNamespace(ds, self.home)
-        source = LocalBlockSource(name, self._store(runtime), ufs, runtime.spec.block_size_bytes,
+        source = LocalBlockSource(name, self.store_for(runtime), ufs, runtime.spec.block_size_bytes,
                                   self._budget, self._stats(runtime))
         return DatasetClient(name, manifest, source, ufs, lambda m: m.save(self._manifest_path(ds)),
                              readahead=runtime.spec.fuse.read_ahead_blocks, load_manifest=lambda: self.load_manifest(ds))
@@ -191,18 +191,22 @@ class Embedded:
         finally:
             client.close()
 
-    def _level_dir(self, runtime: CacheRuntime, level) -> str:
+    def _level_dir(self, runtime: CacheRuntime, level, worker: str | None = None) -> str:
         base = os.path.join(self.home, os.path.expanduser(level.path))
-        return os.path.join(base, runtime.metadata.namespace, runtime.metadata.name)
+        path = os.path.join(base, runtime.metadata.namespace, runtime.metadata.name)
+        return os.path.join(path, worker) if worker else path
 
-    def _store(self, runtime: CacheRuntime) -> TieredStore:
+    def store_for(self, runtime: CacheRuntime, worker: str | None = None, disk_tier=DiskTier) -> TieredStore:
+        """The tiered store of ``runtime``'s levels: the in-process cache, or with ``worker``
+        (``worker-<i>``) that worker's own cache under ``<level path>/<ns>/<name>/<worker>``;
+        ``disk_tier`` is the DiskTier class to use. Raises ``OSError`` if a directory cannot be made."""
         levels = []
         for level in runtime.spec.tieredstore.ordered_levels:
             if level.mediumtype == "MEM":
                 levels.append(MemoryTier(level.quota_bytes, level.high, level.low))
             else:
-                levels.append(DiskTier(self._level_dir(runtime, level), level.quota_bytes, level.high,
-                                       level.low, level.mediumtype))
+                levels.append(disk_tier(self._level_dir(runtime, level, worker), level.quota_bytes, level.high,
+                                        level.low, level.mediumtype))
         return TieredStore(levels)
 
     def _stats(self, runtime: CacheRuntime) -> HitStats:

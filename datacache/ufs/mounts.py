@@ -4,17 +4,22 @@ Each mount's ``mountPoint`` (``s3://bucket/prefix``, ``/data``, ``https://host/d
 with fsspec (``url_to_fs``) and its options; its files appear under the mount's ``path`` in the
 dataset namespace, as Fluid lays out a Dataset's mounts. Dataset paths here are relative and
 '/'-separated, with no leading slash: ``s3/imagenet/train/n01/x.JPEG``.
+
+A scheme fsspec does not know but a runtime plugin serves (an entry point in ``datacache.runtimes``
+of that name) is opened by the plugin; a ThinRuntime passes its own ``opener`` for every mount.
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import fsspec
 from fsspec.core import url_to_fs
+from fsspec.registry import known_implementations, registry
 
+from datacache.api.models import plugin_schemes
 from datacache.ufs.credentials import redact, resolve_options
 from datacache.ufs.versions import mtime_of, read_exact, version_of
 
@@ -50,26 +55,40 @@ class Listed:
     version: str
 
 
+MountOpener = Callable[[Any, str], "tuple[fsspec.AbstractFileSystem, str]"]
+"""``opener(mount, where) -> (fs, root)``: a runtime's way to open one mount (``where`` locates it
+in error messages); ``root`` is the mount's directory inside ``fs``."""
+
+
 class UnionNamespace:
     """All mounts of one Dataset.
 
-    ``dataset``: a ``datacache.api`` Dataset; ``home``: DATACACHE_HOME for secret files.
+    ``dataset``: a ``datacache.api`` Dataset; ``home``: DATACACHE_HOME for secret files;
+    ``opener``: see :data:`MountOpener` (None: each mount's URL through fsspec or its scheme's plugin).
     Raises ``ResourceError`` for an unresolvable secret and ``ImportError``/``ValueError`` from
     fsspec for a protocol whose package is missing (fsspec's message names the package to install).
     """
 
-    def __init__(self, dataset, home: str):
+    def __init__(self, dataset, home: str, opener: MountOpener | None = None):
         self.name = dataset.metadata.name
         self.secrets: list[str] = []
         self.mounts: dict[str, UfsMount] = {}
+        open_mount = opener or (lambda m, where: self._open_url(m, where, home))
         for i, m in enumerate(dataset.spec.mounts):
-            options, secrets = resolve_options(m, home, f"dataset {self.name!r}: spec.mounts[{i}]")
-            self.secrets += secrets
-            url = m.mount_point if "://" in m.mount_point else f"file://{m.mount_point}"
-            if url.startswith(("s3://", "s3a://")):
-                options = {**_S3_DEFAULTS, **options}
-            fs, root = url_to_fs(url, **options)
+            fs, root = open_mount(m, f"dataset {self.name!r}: spec.mounts[{i}]")
             self.mounts[m.name] = UfsMount(m.name, m.path.strip("/"), root.rstrip("/"), fs)
+
+    def _open_url(self, m, where: str, home: str) -> tuple[fsspec.AbstractFileSystem, str]:
+        if m.scheme not in known_implementations and m.scheme not in registry and m.scheme in plugin_schemes():
+            from datacache_runtimes.plugins import open_plugin_mount  # the plugin API lives there
+
+            return open_plugin_mount(m.scheme, m, home, where)
+        options, secrets = resolve_options(m, home, where)
+        self.secrets += secrets
+        url = m.mount_point if "://" in m.mount_point else f"file://{m.mount_point}"
+        if url.startswith(("s3://", "s3a://")):
+            options = {**_S3_DEFAULTS, **options}
+        return url_to_fs(url, **options)
 
     def list_files(self) -> Iterator[Listed]:
         """Every file of every mount, with its version. A missing mount root lists nothing."""

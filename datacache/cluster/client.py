@@ -1,0 +1,174 @@
+"""Client side of the worker API: one aiohttp session on a background event loop.
+
+The block-source interface is synchronous (the Reader, FUSE and warmup call it from threads), so
+the client owns an event loop in one daemon thread and callers wait on
+``asyncio.run_coroutine_threadsafe``; a warmup segment sent to three owners is three requests in
+flight on that loop, not three threads. Connections are pooled per worker.
+
+Failures are sorted by what the caller should do next:
+
+| outcome                                                 | raised                              |
+|---------------------------------------------------------|-------------------------------------|
+| connect error, timeout, disconnect, 5xx, bad checksum   | :class:`WorkerUnavailable`: next    |
+| 404 (a block evicted while being sent), bad checksum    | :class:`BlockVanished`: retry it    |
+| 400 / 409 (a field the worker refuses)                  | :class:`WorkerRejected`: skip it    |
+| 401                                                     | ``PermissionError`` (EACCES)        |
+| 502 with an error body (the UFS failed on the worker)   | the same OSError type and errno     |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import threading
+
+import aiohttp
+
+from datacache.cache.blocks import checksum
+from datacache.cluster import auth, wire
+from datacache.cluster.metrics import parse as parse_metrics
+from datacache.manifest import FileEntry
+
+
+class WorkerUnavailable(ConnectionError):
+    """The worker did not answer usefully (dead, unreachable, slow, broken): try another."""
+
+
+class BlockVanished(Exception):
+    """The worker's copy disappeared or failed its checksum on the way: ask again, verified."""
+
+
+class WorkerRejected(ValueError):
+    """The worker refused a request field (HTTP 400/409): it cannot serve this block."""
+
+
+class LoopThread:
+    """An asyncio loop running in a daemon thread; :meth:`run` waits for a coroutine on it."""
+
+    def __init__(self, name: str = "datacache-cluster-io"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro, timeout: float | None = None):
+        """Run ``coro`` on the loop and return its result (its exception is raised here)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class WorkerClient:
+    """Requests to the workers of ``dataset`` (blocks cut at ``block_size`` bytes).
+
+    ``token``: bearer token; ``connect_timeout``/``read_timeout``: seconds for connecting and
+    between bytes of a block; ``fill_timeout``: seconds a warmup batch may take on a worker.
+    Coroutines must run on one loop (see :class:`LoopThread`).
+    """
+
+    def __init__(self, token: str, dataset: str, block_size: int, connect_timeout: float = 1.0,
+                 read_timeout: float = 10.0, fill_timeout: float = 300.0):
+        self.dataset = dataset
+        self.block_size = block_size
+        self._headers = auth.header(token)
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._fill_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=fill_timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=256, limit_per_host=32, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers,
+                                                  auto_decompress=False, timeout=self._timeout)
+        return self._session
+
+    async def _request(self, method: str, url: str, path: str, where: str, *, timeout=None, **kwargs):
+        """``(status, headers, body bytes)``; connection-level failures become WorkerUnavailable."""
+        try:
+            async with self._http().request(method, url + path, timeout=timeout or self._timeout, **kwargs) as resp:
+                return resp.status, resp.headers, await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            raise WorkerUnavailable(f"cache worker {where}: {type(err).__name__}: {err}") from err
+
+    @staticmethod
+    def _check(status: int, body: bytes, where: str, path: str = "") -> None:
+        if status < 300:
+            return
+        if status == 401:
+            raise PermissionError(errno.EACCES, f"cache worker {where} refused the bearer token", path)
+        if status in (400, 409):
+            raise WorkerRejected(f"cache worker {where}: {body[:200].decode(errors='replace')}")
+        if status == 404:
+            raise BlockVanished(where)
+        if status == wire.UFS_ERROR_STATUS:
+            try:
+                error = json.loads(body)
+            except ValueError:
+                error = None
+            if isinstance(error, dict) and "errno" in error:
+                wire.raise_error(error, path, where)
+        raise WorkerUnavailable(f"cache worker {where}: HTTP {status}")
+
+    async def get_block(self, url: str, where: str, entry: FileEntry, index: int,
+                        verify: bool = False) -> tuple[bytes, bool]:
+        """Block ``index`` of ``entry`` and whether it was a hit on the worker."""
+        params = {"dataset": self.dataset, "block_size": str(self.block_size), "index": str(index),
+                  **{k: str(v) for k, v in wire.entry_fields(entry).items()}}
+        if verify:
+            params["verify"] = "1"
+        status, headers, body = await self._request("GET", url, "/v1/block", where, params=params)
+        self._check(status, body, where, entry.path)
+        expected = headers.get("X-Block-Checksum")
+        if expected is None or checksum(body) != expected:
+            raise BlockVanished(where)
+        return body, headers.get("X-Cache") == "hit"
+
+    async def exists(self, url: str, where: str, keys: list[str]) -> list[bool]:
+        """Whether the worker holds each of ``keys`` (``str(BlockKey)``)."""
+        out: list[bool] = []
+        for start in range(0, len(keys), wire.MAX_KEYS):
+            chunk = keys[start:start + wire.MAX_KEYS]
+            status, _, body = await self._request("POST", url, "/v1/exists", where,
+                                                  json={"dataset": self.dataset, "keys": chunk})
+            self._check(status, body, where)
+            out += _json_field(body, "cached", where)
+        return out
+
+    async def fill(self, url: str, where: str, entry: FileEntry, indexes: list[int]) -> int:
+        """Have the worker cache blocks ``indexes`` of ``entry``; returns the bytes it stored.
+        Raises the UFS's error type (or ENOSPC) when the worker could not."""
+        files = [{**wire.entry_fields(entry), "blocks": indexes}]
+        status, _, body = await self._request(
+            "POST", url, "/v1/fill", where, timeout=self._fill_timeout,
+            json={"dataset": self.dataset, "block_size": self.block_size, "files": files})
+        self._check(status, body, where, entry.path)
+        (result,) = _json_field(body, "results", where)
+        if result.get("error"):
+            wire.raise_error(result["error"], entry.path, where)
+        return int(result.get("stored", 0))
+
+    async def drop(self, url: str, where: str) -> int:
+        """Delete every block of the dataset on the worker; returns how many."""
+        status, _, body = await self._request("POST", url, "/v1/drop", where, json={"dataset": self.dataset})
+        self._check(status, body, where)
+        return int(_json_field(body, "dropped", where))
+
+    async def metrics(self, url: str, where: str) -> dict[str, float]:
+        """The worker's Prometheus samples (name -> value)."""
+        status, _, body = await self._request("GET", url, "/metrics", where)
+        self._check(status, body, where)
+        return parse_metrics(body.decode())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def _json_field(body: bytes, name: str, where: str):
+    try:
+        return json.loads(body)[name]
+    except (ValueError, KeyError, TypeError):
+        raise WorkerUnavailable(f"cache worker {where}: malformed answer") from None

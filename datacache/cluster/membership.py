@@ -1,0 +1,106 @@
+"""Membership: which cache workers of a runtime are alive, and where.
+
+Embedded mode keeps it in a small SQLite database (``$DATACACHE_HOME/cluster.db``, 0600): each
+worker inserts its row when it starts listening, refreshes ``heartbeat`` every ``HEARTBEAT_S`` and
+deletes the row when it stops cleanly. A worker that died without deleting its row (kill -9, a
+crash, a lost node) expires when its heartbeat is older than ``TTL_S``; clients also stop asking a
+worker as soon as a connection to it fails, so the TTL only bounds how long a dead worker is
+listed, never how long reads fail. On Kubernetes the same role is played by the workers' headless
+Service (not implemented here).
+
+Times are wall-clock seconds (``time.time()``), shared by every process of the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+
+from datacache import private
+
+HEARTBEAT_S = 1.0
+TTL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Member:
+    """One registered worker.
+
+    ``worker_id`` (``worker-<i>``, the placement identity), ``url`` (``http://host:port``), ``node``
+    (host name, for short-circuit reads), ``pid``, ``disk`` (its disk level: ``{"path", "quota",
+    "high", "low", "medium"}``, or ``{}`` for a MEM-only worker), ``heartbeat`` (seconds).
+    """
+
+    worker_id: str
+    url: str
+    node: str
+    pid: int
+    disk: dict = field(default_factory=dict)
+    heartbeat: float = 0.0
+
+    @property
+    def index(self) -> int:
+        return int(self.worker_id.rsplit("-", 1)[-1])
+
+
+class Membership:
+    """Worker rows per runtime (``namespace``/``name``) in ``home``'s cluster database."""
+
+    def __init__(self, home: str, ttl: float = TTL_S):
+        private.makedirs(home)
+        path = private.touch(os.path.join(home, "cluster.db"))
+        self.ttl = ttl
+        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        for suffix in ("-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.chmod(path + suffix, private.FILE_MODE)
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS workers (namespace TEXT, runtime TEXT, worker_id TEXT, url TEXT,"
+            " node TEXT, pid INTEGER, disk TEXT, heartbeat REAL, PRIMARY KEY (namespace, runtime, worker_id))")
+
+    def register(self, namespace: str, runtime: str, member: Member) -> None:
+        """Insert or replace ``member``'s row with a fresh heartbeat."""
+        self._db.execute("INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (namespace, runtime, member.worker_id, member.url, member.node, member.pid,
+                          json.dumps(member.disk), time.time()))
+
+    def heartbeat(self, namespace: str, runtime: str, worker_id: str, pid: int) -> bool:
+        """Refresh the row of ``worker_id`` if it is still ``pid``'s; False when the row is gone."""
+        cur = self._db.execute("UPDATE workers SET heartbeat=? WHERE namespace=? AND runtime=? AND worker_id=?"
+                               " AND pid=?", (time.time(), namespace, runtime, worker_id, pid))
+        return cur.rowcount > 0
+
+    def remove(self, namespace: str, runtime: str, worker_id: str, pid: int | None = None) -> None:
+        """Delete a worker's row (only if it still belongs to ``pid``, when given)."""
+        sql = "DELETE FROM workers WHERE namespace=? AND runtime=? AND worker_id=?"
+        args: tuple = (namespace, runtime, worker_id)
+        if pid is not None:
+            sql, args = sql + " AND pid=?", args + (pid,)
+        self._db.execute(sql, args)
+
+    def members(self, namespace: str, runtime: str) -> list[Member]:
+        """Every registered worker of the runtime, live or not, by worker index."""
+        rows = self._db.execute("SELECT worker_id, url, node, pid, disk, heartbeat FROM workers"
+                                " WHERE namespace=? AND runtime=?", (namespace, runtime)).fetchall()
+        found = [Member(w, u, n, p, json.loads(d), h) for w, u, n, p, d, h in rows]
+        return sorted(found, key=lambda m: m.index)
+
+    def live(self, namespace: str, runtime: str) -> list[Member]:
+        """Workers whose heartbeat is younger than the TTL."""
+        now = time.time()
+        return [m for m in self.members(namespace, runtime) if now - m.heartbeat < self.ttl]
+
+    def is_live(self, member: Member) -> bool:
+        return time.time() - member.heartbeat < self.ttl
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def describe(member: Member) -> dict:
+    """A JSON-able dict of ``member`` (for status and ``datacache worker list``)."""
+    return asdict(member)

@@ -1,0 +1,287 @@
+"""The cache worker: one process serving one share of a dataset's blocks over HTTP (aiohttp).
+
+Endpoints (all but ``/healthz`` and ``/metrics`` need ``Authorization: Bearer <token>``):
+
+| endpoint            | what it does                                                                  |
+|---------------------|-------------------------------------------------------------------------------|
+| ``GET /v1/block``   | one block by file-version fields + index; a MEM hit is sent from memory, a    |
+|                     | disk hit with ``sendfile`` straight from the block file, a miss is filled     |
+| ``POST /v1/exists`` | ``{"dataset", "keys": [...]}`` -> ``{"cached": [bool, ...]}``                 |
+| ``POST /v1/fill``   | ``{"dataset", "block_size", "files": [{fields, "blocks": [i...]}]}``: fill the|
+|                     | blocks (warmup), answer per file ``{"stored": bytes}`` or ``{"error": ...}``  |
+| ``POST /v1/drop``   | ``{"dataset"}``: delete every block of the dataset                            |
+| ``GET /healthz``    | ``{"worker", "dataset", "status": "ok"}``                                     |
+| ``GET /metrics``    | Prometheus text (see :mod:`.metrics`)                                         |
+
+Block responses carry ``X-Block-Checksum`` (xxh3 of the bytes; the client verifies it) and
+``X-Cache: hit|miss``. Fills reuse :class:`~datacache.cache.source.LocalBlockSource` unchanged
+(single-flight per block, one memory budget, exact-version ranged reads); demand fills run in a
+pool of ``fill_threads`` threads, which bounds this worker's concurrent UFS connections. Every
+request field is validated by :mod:`.wire` before the store or the UFS is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+
+from datacache.cache.blocks import BlockKey, checksum
+from datacache.cache.budget import MemoryBudget
+from datacache.cache.memory import MemoryTier
+from datacache.cache.source import LocalBlockSource
+from datacache.cache.tiered import TieredStore
+from datacache.cluster import auth, wire
+from datacache.cluster.membership import HEARTBEAT_S, Member, Membership
+from datacache.cluster.metrics import CONTENT_TYPE, WorkerMetrics
+from datacache.cluster.store import ServingDiskTier
+
+log = logging.getLogger("datacache.worker")
+
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+FILL_BUDGET = 256 << 20  # bytes of fills in flight per worker
+MAX_FILES = 1024
+
+
+class Worker:
+    """Serves blocks of ``dataset`` cut at ``block_size`` bytes from ``store``, filling from ``ufs``
+    (a ``UnionNamespace``). ``token``: the bearer token; ``worker_id``: ``worker-<i>``."""
+
+    def __init__(self, dataset: str, block_size: int, store: TieredStore, ufs, token: str,
+                 worker_id: str = "worker-0", fill_threads: int = 16):
+        self.dataset = dataset
+        self.block_size = block_size
+        self.store = store
+        self.worker_id = worker_id
+        self.token = token
+        self.roots = {name: m.root for name, m in ufs.mounts.items()}
+        self.source = LocalBlockSource(dataset, store, ufs, block_size, MemoryBudget(FILL_BUDGET),
+                                       None, fill_threads)
+        self._fills = ThreadPoolExecutor(fill_threads, thread_name_prefix="worker-fill")
+        self._mem = next((lv for lv in store.levels if isinstance(lv, MemoryTier)), None)
+        self._disk = next((lv for lv in store.levels if isinstance(lv, ServingDiskTier)), None)
+        self.metrics = WorkerMetrics(self)
+
+    def app(self) -> web.Application:
+        """The aiohttp application."""
+        app = web.Application(middlewares=[self._timed, auth.middleware(self.token, OPEN_PATHS), self._errors],
+                              client_max_size=16 << 20)
+        app.router.add_get("/v1/block", self.get_block)
+        app.router.add_post("/v1/exists", self.exists)
+        app.router.add_post("/v1/fill", self.fill)
+        app.router.add_post("/v1/drop", self.drop)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.metrics_page)
+        return app
+
+    # -- middlewares ----------------------------------------------------------------------------
+    @web.middleware
+    async def _timed(self, request: web.Request, handler):
+        started = time.perf_counter()
+        try:
+            return await handler(request)
+        finally:
+            self.metrics.latency.labels(request.path).observe(time.perf_counter() - started)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except wire.BadRequest as err:
+            return web.json_response({"error": "BadRequest", "message": str(err)}, status=400)
+        except wire.WrongDataset as err:
+            return web.json_response({"error": "WrongDataset", "message": str(err)}, status=409)
+
+    # -- handlers ---------------------------------------------------------------------------------
+    async def get_block(self, request: web.Request) -> web.StreamResponse:
+        query = request.query
+        wire.check_scope(query, self.dataset, self.block_size)
+        entry = wire.parse_entry(query, self.roots)
+        index = wire.parse_index(query, entry, self.block_size)
+        key = str(self.source.key(entry, index))
+        if query.get("verify") != "1":  # fast paths; verify=1 re-reads through the checked store
+            data = self._mem.get(key) if self._mem is not None else None
+            if data is not None:
+                self.metrics.hits.inc()
+                return _block_response(data, checksum(data), True)
+            found = self._disk.open_block(key) if self._disk is not None else None
+            if found is not None:
+                self.metrics.hits.inc()
+                path, digest = found
+                return web.FileResponse(path, headers={"X-Block-Checksum": digest, "X-Cache": "hit",
+                                                       "Content-Type": "application/octet-stream"})
+        hit = key in self.store
+        try:
+            data = await self._in_pool(self.source.get, entry, index)
+        except OSError as err:
+            return web.json_response(wire.error_body(err), status=wire.UFS_ERROR_STATUS)
+        (self.metrics.hits if hit else self.metrics.misses).inc()
+        return _block_response(data, checksum(data), hit)
+
+    async def exists(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        wire.check_scope(body, self.dataset)
+        keys = wire.parse_key_list(body)
+        for k in keys:
+            try:
+                parsed = BlockKey.parse(k)
+            except ValueError:
+                raise wire.BadRequest(f"keys: {k[:80]!r} is not a block key") from None
+            if parsed.dataset != self.dataset:
+                raise wire.BadRequest(f"keys: {k[:80]!r} is not a block of dataset {self.dataset!r}")
+        cached = await asyncio.get_running_loop().run_in_executor(None, lambda: [k in self.store for k in keys])
+        return web.json_response({"cached": cached})
+
+    async def fill(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        wire.check_scope(body, self.dataset, self.block_size)
+        files = body.get("files")
+        if not isinstance(files, list) or not 0 < len(files) <= MAX_FILES:
+            raise wire.BadRequest(f"files: expected a list of 1 to {MAX_FILES} files")
+        jobs = []
+        for f in files:
+            if not isinstance(f, dict):
+                raise wire.BadRequest("files: each file is an object")
+            entry = wire.parse_entry(f, self.roots)
+            blocks = f.get("blocks")
+            if not isinstance(blocks, list) or not 0 < len(blocks) <= wire.MAX_KEYS:
+                raise wire.BadRequest("blocks: expected a non-empty list of block indexes")
+            indexes = sorted({wire.parse_index({"i": i}, entry, self.block_size, "i") for i in blocks})
+            jobs.append(self._fill_file(entry, indexes))
+        return web.json_response({"results": await asyncio.gather(*jobs)})
+
+    async def drop(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        wire.check_scope(body, self.dataset)
+        dropped = await self._in_pool(self.store.delete_prefix, f"{self.dataset}/")
+        return web.json_response({"dropped": dropped})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"worker": self.worker_id, "dataset": self.dataset, "status": "ok"})
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    # -- internals --------------------------------------------------------------------------------
+    async def _fill_file(self, entry, indexes: list[int]) -> dict:
+        """Fill contiguous runs of ``indexes`` concurrently; ``{"stored": bytes}`` or the first error."""
+        runs = _runs(indexes)
+        done = await asyncio.gather(*(self._in_pool(self.source.fill, entry, a, b) for a, b in runs),
+                                    return_exceptions=True)
+        for result in done:
+            if isinstance(result, OSError):
+                return {"error": wire.error_body(result), "stored": sum(r for r in done if isinstance(r, int))}
+            if isinstance(result, BaseException):
+                raise result
+        return {"stored": sum(done)}
+
+    async def _in_pool(self, fn, *args):
+        self.metrics.fills_in_flight.inc()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._fills, fn, *args)
+        finally:
+            self.metrics.fills_in_flight.dec()
+
+    def close(self) -> None:
+        self._fills.shutdown(wait=True, cancel_futures=True)
+        self.source.close()
+
+
+def _block_response(data: bytes, digest: str, hit: bool) -> web.Response:
+    return web.Response(body=data, content_type="application/octet-stream",
+                        headers={"X-Block-Checksum": digest, "X-Cache": "hit" if hit else "miss"})
+
+
+async def _json(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise wire.BadRequest("body: expected a JSON object") from None
+    if not isinstance(body, dict):
+        raise wire.BadRequest("body: expected a JSON object")
+    return body
+
+
+def _runs(indexes: list[int]) -> list[tuple[int, int]]:
+    """Sorted indexes -> inclusive ``(first, last)`` runs of consecutive numbers."""
+    runs: list[tuple[int, int]] = []
+    for i in indexes:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def disk_info(store: TieredStore) -> dict:
+    """The registered description of a store's disk level (for short-circuit readers)."""
+    disk = next((lv for lv in store.levels if isinstance(lv, ServingDiskTier)), None)
+    if disk is None:
+        return {}
+    return {"path": disk.path, "quota": disk.quota, "medium": disk.medium}
+
+
+async def _serve(worker: Worker, members: Membership, namespace: str, runtime: str, host: str, port: int,
+                 advertise: str, exit_with_parent: bool) -> None:
+    runner = web.AppRunner(worker.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = runner.addresses[0][1]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    me = Member(worker.worker_id, f"http://{advertise}:{bound}", socket.gethostname(), os.getpid(),
+                disk_info(worker.store))
+    members.register(namespace, runtime, me)
+    log.info("worker %s of %s/%s serving on %s", me.worker_id, namespace, runtime, me.url)
+    parent = os.getppid()
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
+            except asyncio.TimeoutError:
+                pass
+            if exit_with_parent and os.getppid() != parent:
+                log.warning("supervisor %d is gone: stopping", parent)
+                break
+            if not members.heartbeat(namespace, runtime, me.worker_id, me.pid):
+                members.register(namespace, runtime, me)
+    finally:
+        members.remove(namespace, runtime, me.worker_id, me.pid)
+        await runner.cleanup()
+
+
+def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0.1", port: int = 0,
+          advertise: str | None = None, exit_with_parent: bool = False) -> None:
+    """Run worker ``index`` of CacheRuntime ``namespace/name`` until SIGTERM/SIGINT.
+
+    Its cache lives in ``<level path>/<ns>/<name>/worker-<index>``; it listens on ``host:port``
+    (0: any free port) and registers ``http://<advertise or host>:<port>`` with a heartbeat.
+    Raises ``ResourceError`` when the Dataset, CacheRuntime or token is missing, ``OSError`` when
+    the port or cache directory cannot be used.
+    """
+    from datacache.control.embedded import Embedded
+    from datacache.ufs.mounts import UnionNamespace
+
+    plane = Embedded(home)
+    runtime = plane.get("CacheRuntime", name, namespace)
+    dataset = plane.get("Dataset", name, namespace)
+    worker_id = f"worker-{index}"
+    token = auth.load_token(plane.home, namespace, name)
+    store = plane.store_for(runtime, worker_id, ServingDiskTier)
+    worker = Worker(name, runtime.spec.block_size_bytes, store, UnionNamespace(dataset, plane.home), token, worker_id)
+    members = Membership(plane.home)
+    plane.close()
+    try:
+        asyncio.run(_serve(worker, members, namespace, name, host, port, advertise or host, exit_with_parent))
+    finally:
+        worker.close()
+        members.close()
