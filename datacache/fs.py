@@ -118,3 +118,6 @@ class DatacacheFileSystem(AbstractFileSystem):
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
+            if self._plane is not None:
+                self._plane.close()
+                self._plane = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import mmap
+import io
 import os
 import threading
 
@@ -26,9 +26,6 @@ import diskcache
 from datacache import private
 from datacache.cache.blocks import checksum
 
-# Map block files with all pages populated in one call: faulting 4 MiB in page by page while
-# hashing costs more than the hash itself.
-_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class _PrivateDisk(diskcache.Disk):
@@ -40,6 +37,8 @@ class _PrivateDisk(diskcache.Disk):
             private.makedirs(directory)
         fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, private.FILE_MODE)
         with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
+            if isinstance(iterator, io.BytesIO):  # one write: iterating a BytesIO yields "lines"
+                return writer.write(iterator.getbuffer())
             size = 0
             for chunk in iterator:
                 size += len(chunk)
@@ -71,9 +70,13 @@ class DiskTier:
             cull_limit=0,
             disk_min_file_size=0,
             # Keep the write-ahead log small: it counts against the quota too.
-            sqlite_wal_autocheckpoint=64,
+            sqlite_wal_autocheckpoint=256,
             sqlite_journal_size_limit=1 << 20,
         )
+        # A second handle whose reads do not update access times, for lookups that are not uses
+        # of the block (read-ahead hints, short-circuit paths): only get() counts as a use.
+        self._peek = diskcache.Cache(self.path, disk=_PrivateDisk)
+        self._peek.reset("eviction_policy", "least-recently-stored", update=False)
         for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(os.path.join(self.path, name), private.FILE_MODE)
@@ -102,15 +105,15 @@ class DiskTier:
         return key in self._cache
 
     def get(self, key: str) -> memoryview | None:
-        """The block's bytes as a read-only memoryview of the mapped block file (no copy: callers
-        slice out what they need), or None when absent or corrupt (a corrupt block is deleted).
-        The mapping stays valid after the file is evicted (Linux keeps unlinked mappings)."""
+        """The block's bytes (a memoryview over one buffer: callers slice out what they need
+        without another copy), or None when absent or corrupt (a corrupt or truncated block is
+        deleted). Marks the block recently used."""
         handle, tag = self._cache.get(key, read=True, tag=True)
         if handle is None:
             return None
         with handle:
-            size = os.fstat(handle.fileno()).st_size
-            data = memoryview(mmap.mmap(handle.fileno(), size, flags=_MAP_FLAGS, prot=mmap.PROT_READ)) if size else memoryview(b"")
+            buf = bytearray(os.fstat(handle.fileno()).st_size)
+            data = memoryview(buf)[:handle.readinto(buf)]
         if checksum(data) != tag:
             self.corrupt += 1
             self._cache.delete(key)
@@ -119,7 +122,7 @@ class DiskTier:
 
     def block_file(self, key: str) -> str | None:
         """Path of the block's file (for short-circuit reads and sendfile), or None."""
-        handle = self._cache.get(key, read=True)
+        handle = self._peek.get(key, read=True)
         if handle is None:
             return None
         handle.close()
@@ -176,5 +179,6 @@ class DiskTier:
         return (k for k in self._cache.iterkeys() if isinstance(k, str))
 
     def close(self) -> None:
+        self._peek.close()
         self._cache.close()
         os.close(self._lock_fd)

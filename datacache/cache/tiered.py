@@ -4,22 +4,29 @@ Policy (stated once, here):
 
 | event            | what happens                                                          |
 |------------------|-----------------------------------------------------------------------|
-| put              | written to the first disk level (SSD, else HDD) and, if present, MEM  |
+| put              | written to the first disk level (SSD, else HDD); MEM only if alone    |
 | get, MEM hit     | served from MEM                                                       |
-| get, disk hit    | verified by checksum, served, promoted to MEM (hot blocks stay there) |
+| get, disk hit    | verified by checksum and served; promoted to MEM on its second access |
 | level past high  | LRU blocks of that level go until it is at its low watermark          |
 | only MEM level   | MEM is the cache; blocks are lost when the process ends               |
 
-Blocks evicted from SSD are dropped, not demoted to HDD: a block is cheaper to refetch from the
-UFS than to copy between local media on the read path.
+Promotion on the second access (as in 2Q / Linux's active list) keeps MEM scan-resistant: one
+sequential pass over a file larger than MEM would otherwise evict every hot block for blocks never
+read again. Blocks evicted from SSD are dropped, not demoted to HDD: a block is cheaper to refetch
+from the UFS than to copy between local media on the read path.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from datacache.cache.disk import DiskTier
 from datacache.cache.memory import MemoryTier
+
+
+_GHOSTS = 1 << 16  # keys remembered as "seen once" (about 100 bytes each)
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,8 @@ class TieredStore:
         self.levels = levels
         self._mem = next((lv for lv in levels if isinstance(lv, MemoryTier)), None)
         self._disk = next((lv for lv in levels if isinstance(lv, DiskTier)), None)
+        self._seen_once: OrderedDict[str, None] = OrderedDict()  # disk hits not yet promoted
+        self._lock = threading.Lock()
 
     def get(self, key: str) -> bytes | memoryview | None:
         """The block's bytes (a memoryview when read from disk) from the fastest level holding
@@ -51,24 +60,29 @@ class TieredStore:
                 return data
         if self._disk is not None:
             data = self._disk.get(key)
-            if data is not None:
-                if self._mem is not None:
-                    data = bytes(data)
-                    self._mem.put(key, data)
-                return data
+            if data is not None and self._mem is not None and self._second_access(key):
+                data = bytes(data)
+                self._mem.put(key, data)
+            return data
         return None
+
+    def _second_access(self, key: str) -> bool:
+        with self._lock:
+            if self._seen_once.pop(key, False) is None:
+                return True
+            self._seen_once[key] = None
+            if len(self._seen_once) > _GHOSTS:
+                self._seen_once.popitem(last=False)
+            return False
 
     def __contains__(self, key: str) -> bool:
         return any(key in lv for lv in self.levels)
 
     def put(self, key: str, data: bytes) -> bool:
         """Store a block; False when no level could keep it (larger than every level's quota)."""
-        stored = False
         if self._disk is not None:
-            stored = self._disk.put(key, data)
-        if self._mem is not None:
-            stored = self._mem.put(key, data) or stored
-        return stored
+            return self._disk.put(key, data)
+        return self._mem.put(key, bytes(data))
 
     def advise(self, key: str) -> bool:
         """True when the block is cached; a block on disk is also read ahead by the kernel."""
