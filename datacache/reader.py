@@ -4,12 +4,14 @@ An open file keeps the manifest entry it was opened with (its version), so every
 belongs to that version even if the UFS or the manifest changes meanwhile (case C3). Reads are cut
 into blocks; the block under the cursor is kept so small sequential reads cost a slice. A sequential
 pattern triggers read-ahead of the next ``readahead`` blocks through the block source, whose
-memory budget is shared by all files (reads past it simply do not prefetch).
+memory budget is shared by all files: read-ahead past it is skipped, and a file keeps its current
+block only while the budget has room, so open files cannot grow memory past it either.
 """
 
 from __future__ import annotations
 
 import io
+import threading
 
 from datacache.cache.blocks import block_count
 from datacache.manifest import FileEntry
@@ -32,8 +34,10 @@ class DatasetFile(io.RawIOBase):
         self._nblocks = block_count(entry.size, self._bs)
         self._readahead = readahead
         self._pos = 0
-        self._cur_index, self._cur = -1, b""
-        self._last_index = -2
+        self._cur_index, self._cur = -1, b""  # the block kept for the next small read
+        self._held = 0  # bytes of it counted against the source's memory budget
+        self._prev, self._run = -1, 0  # last block index read; length of the sequential run
+        self._lock = threading.Lock()
 
     @property
     def size(self) -> int:
@@ -104,19 +108,33 @@ class DatasetFile(io.RawIOBase):
         if index == cur_index:
             return cur
         block = self._src.get(self.entry, index)
-        sequential = index in (cur_index + 1, self._last_index + 1)
-        self._cur_index, self._cur, self._last_index = index, block, cur_index
-        if sequential and cur_index >= 0:  # the window slides by one block
-            window = range(index + self._readahead, index + self._readahead + 1)
-        elif sequential or index == 0:  # a new sequential run: the whole window
-            window = range(index + 1, index + 1 + self._readahead)
-        else:
-            window = range(0)
+        with self._lock:
+            self._keep(index, block)
+            self._run = self._run + 1 if index == self._prev + 1 else 0
+            self._prev = index
+            if self._run == 1:  # a sequential run starts: fill the whole window
+                window = range(index + 1, index + 1 + self._readahead)
+            elif self._run > 1:  # it goes on: the window slides by one block
+                window = range(index + self._readahead, index + self._readahead + 1)
+            else:
+                window = range(0)
         for ahead in window:
             if ahead < self._nblocks:
                 self._src.prefetch(self.entry, ahead)
         return block
 
+    def _keep(self, index: int, block) -> None:
+        """Keep ``block`` for the next read if the shared memory budget has room for it, so that
+        many open files cannot hold more than the budget between them."""
+        budget = self._src.budget
+        if self._held:
+            budget.release(self._held)
+        self._held = len(block) if budget.hold(len(block)) else 0
+        self._cur_index, self._cur = (index, block) if self._held else (-1, b"")
+
     def close(self) -> None:
-        self._cur_index, self._cur = -1, b""
+        with self._lock:
+            if self._held:
+                self._src.budget.release(self._held)
+            self._held, self._cur_index, self._cur = 0, -1, b""
         super().close()

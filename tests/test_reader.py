@@ -153,3 +153,26 @@ def test_corrupt_block_on_disk_is_dropped_and_refetched(datacache_home, tmp_path
     assert client.source.ufs_bytes - before == len(data)  # refetched from the UFS
     assert client.cached_fraction(entry) == 1.0
     client.close()
+
+
+def test_many_open_files_stay_within_the_memory_budget(datacache_home, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(64):
+        (src / f"f{i:02d}.bin").write_bytes(os.urandom(2 * MiB))
+    plane = apply_dataset(datacache_home, "many", [{"name": "local", "mountPoint": str(src)}], block_size="1Mi")
+    plane.warmup("many", [])
+    client = plane.open_dataset("many")
+    budget = client.source.budget
+    budget.limit = 16 * MiB  # 64 handles x 1 MiB blocks would need four times this
+    files = [client.open(f"f{i:02d}.bin") for i in range(64)]
+    for i, f in enumerate(files):  # 64 open handles, each mid-way through a block
+        assert f.read(1000) == (src / f"f{i:02d}.bin").read_bytes()[:1000]
+    assert budget.used == 8 * MiB  # half the budget holds blocks, the other half stays for fills
+    assert budget.peak <= budget.limit
+    for f in files:  # every handle still reads correctly, kept block or not
+        f.seek(MiB + 5)
+        assert len(f.read(10)) == 10
+        f.close()
+    assert budget.used == 0
+    client.close()

@@ -29,6 +29,17 @@ class MemoryBudget:
             self.peak = max(self.peak, self.used)
             return True
 
+    def hold(self, n: int) -> bool:
+        """Take ``n`` bytes for data kept between reads (an open file's current block) only while
+        half the budget stays free: fills in flight always finish and release, kept blocks may not,
+        so they must never starve a demand read. Returns False (taking nothing) otherwise."""
+        with self._cond:
+            if self.used + n > self.limit // 2:
+                return False
+            self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
+
     def release(self, n: int) -> None:
         with self._cond:
             self.used -= n
