@@ -48,9 +48,11 @@ system:
 
 venv: system $(STAMP)
 
+# torch==2.13.0 is the CPU build this machine type carries on disk (for the DataLoader test); an
+# unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml | system
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -e '.[dev]'
+	$(VENV)/bin/python -m pip install -e '.[dev]' 'torch==2.13.0'
 	touch $@
 
 demo: venv

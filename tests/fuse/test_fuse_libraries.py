@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 import io
 import mmap
-import multiprocessing
 import os
 import random
 
 import numpy as np
+import pytest
 
 from fuse_support import BIG_SIZE, sha256
 
@@ -87,29 +87,20 @@ class _FileDataset:
             return i, hashlib.sha256(f.read()).hexdigest()
 
 
-_DATASET: _FileDataset | None = None
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers on 2 cores, on purpose
+def test_pytorch_dataloader_with_worker_processes(mnt, fuse_env):
+    """A real torch DataLoader: 4 worker processes, shuffled, two epochs of every file plus
+    concurrent slices of one big file, every sample checked by sha256."""
+    from torch.utils.data import DataLoader
 
-
-def _worker_init(ds: _FileDataset) -> None:
-    global _DATASET
-    _DATASET = ds
-
-
-def _load(i: int):
-    return _DATASET[i]
-
-
-def test_multiprocess_loader_checksums(mnt, fuse_env):
     files = fuse_env.shared_files
     rng = random.Random(5)
     big = fuse_env.source("local/big.bin")
     slices = [("local/big.bin", rng.randrange(BIG_SIZE), rng.randrange(1, 3 << 20)) for _ in range(24)]
-    items = files * 2 + slices  # two epochs of every file, plus concurrent slices of one big file
-    rng.shuffle(items)
-    ds = _FileDataset(mnt, items)
-    ctx = multiprocessing.get_context("fork")  # DataLoader's default on Linux
-    with ctx.Pool(4, initializer=_worker_init, initargs=(ds,)) as pool:
-        results = dict(pool.imap_unordered(_load, range(len(ds)), chunksize=2))
+    items = files * 2 + slices
+    loader = DataLoader(_FileDataset(mnt, items), batch_size=4, shuffle=True, num_workers=4,
+                        collate_fn=lambda batch: batch)
+    results = dict(sample for batch in loader for sample in batch)
     assert len(results) == len(items)
     for i, item in enumerate(items):
         if isinstance(item, tuple):
