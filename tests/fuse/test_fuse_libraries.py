@@ -1,5 +1,5 @@
 """Training-code access patterns through the mount, unchanged: Pillow, numpy.memmap / mmap,
-pyarrow, and a PyTorch-DataLoader-style loop over several processes."""
+pyarrow, and a PyTorch DataLoader with several worker processes."""
 
 from __future__ import annotations
 
