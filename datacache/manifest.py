@@ -18,6 +18,10 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from datacache.entry import FileEntry
+
+__all__ = ["FileEntry", "Manifest", "ManifestDiff", "normalize"]
+
 SCHEMA = pa.schema([
     ("path", pa.string()),
     ("mount", pa.string()),
@@ -26,18 +30,6 @@ SCHEMA = pa.schema([
     ("mtime", pa.float64()),
     ("version", pa.string()),
 ])
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One file of the namespace at one version (fields as in the module docstring)."""
-
-    path: str
-    mount: str
-    ufs_path: str
-    size: int
-    mtime: float
-    version: str
 
 
 @dataclass(frozen=True)
@@ -88,7 +80,7 @@ class Manifest:
 
     @classmethod
     def from_entries(cls, entries: Iterable) -> "Manifest":
-        """From objects with the FileEntry fields (e.g. ``ufs.mounts.Listed``)."""
+        """From FileEntry objects (e.g. a UFS listing)."""
         cols: dict[str, list] = {n: [] for n in SCHEMA.names}
         for e in entries:
             for n in SCHEMA.names:

@@ -23,7 +23,14 @@ def makedirs(path: str) -> str:
 
 
 def touch(path: str) -> str:
-    """Create ``path`` (empty) with mode 0600 if missing; an existing file is tightened to 0600."""
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE))
+    """Create ``path`` (empty) with mode 0600 if missing; an existing file is tightened to 0600.
+
+    An existing file is never opened: closing any descriptor of a file drops every ``fcntl`` lock
+    this process holds on it, and SQLite keeps its locks that way (a second connection's
+    ``touch`` would silently unlock the first, and another process could then delete the WAL)."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE))
+    except FileExistsError:
+        pass
     os.chmod(path, FILE_MODE)
     return path

@@ -669,8 +669,10 @@ class ThinRuntimeProfile(_Model):
 
 class ThinRuntimeSpec(CacheRuntimeSpec):
     """``ThinRuntime.spec``: the profile and its ``options`` (over the profile's), and the cache on
-    top: the same tiers, block size, FUSE and worker fields as a CacheRuntime."""
+    top: the same tiers, block size, FUSE and worker fields as a CacheRuntime. Its cache runs in
+    the reading process (``replicas`` 0 or 1): cache workers do not open a thin runtime's UFS yet."""
 
+    replicas: Annotated[int, Field(ge=0, le=1)] = 1
     profile_name: DnsSubdomain
     options: PlainOptions = Field(default_factory=dict)
 
@@ -795,6 +797,8 @@ class DataLoadStatus(_Model):
     targets: list[TargetStatus] = Field(default_factory=list)
     last_schedule_time: Timestamp | None = None
     last_successful_time: Timestamp | None = None
+    workers: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Per cache worker (distributed runtimes): ``{"blocks", "bytes"}`` it stored for this load."""
 
 
 class DataLoad(_Model):

@@ -16,7 +16,10 @@ KIND_NAMES = {
     "cacheruntime": "CacheRuntime", "cacheruntimes": "CacheRuntime",
     "runtime": "CacheRuntime", "runtimes": "CacheRuntime",
     "dataload": "DataLoad", "dataloads": "DataLoad",
+    "thinruntime": "ThinRuntime", "thinruntimes": "ThinRuntime",
+    "thinruntimeprofile": "ThinRuntimeProfile", "thinruntimeprofiles": "ThinRuntimeProfile",
 }
+CLUSTER_SCOPED = {"ThinRuntimeProfile"}  # kept in namespace "default", whatever -n says
 _kind = click.Choice(sorted(KIND_NAMES), case_sensitive=False)
 namespace_option = click.option("-n", "--namespace", default="default", show_default=True)
 home_option = click.option("--home", envvar="DATACACHE_HOME", default=None,
@@ -28,9 +31,9 @@ home_option = click.option("--home", envvar="DATACACHE_HOME", default=None,
               help="Resource YAML (several documents allowed); repeat for more files.")
 @home_option
 def apply(files, home):
-    """Create or update resources from YAML files (Dataset, CacheRuntime, DataLoad)."""
+    """Create or update resources from YAML files (Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, DataLoad)."""
+    plane = Embedded(home)  # first: it registers the URL schemes of stored ThinRuntimeProfiles
     docs = [res for f in files for res in load_resources(f)]
-    plane = Embedded(home)
     for line in plane.apply(docs):
         click.echo(line)
 
@@ -42,8 +45,8 @@ def apply(files, home):
 @namespace_option
 @home_option
 def get(kind, name, output, namespace, home):
-    """List resources with their status (KIND: datasets, runtimes, dataloads)."""
-    kind = KIND_NAMES[kind.lower()]
+    """List resources with their status (KIND: datasets, runtimes, thinruntimes, dataloads, ...)."""
+    kind, namespace = _kind_ns(kind, namespace)
     plane = Embedded(home)
     if name:
         plane.get(kind, name, namespace)
@@ -65,7 +68,7 @@ def get(kind, name, output, namespace, home):
 @home_option
 def describe(kind, name, namespace, home):
     """Show one resource in full: spec and status."""
-    kind = KIND_NAMES[kind.lower()]
+    kind, namespace = _kind_ns(kind, namespace)
     plane = Embedded(home)
     plane.get(kind, name, namespace)
     plane.refresh_status(kind, name, namespace)
@@ -80,7 +83,14 @@ def describe(kind, name, namespace, home):
 @home_option
 def delete(kind, name, namespace, home):
     """Delete a resource (a Dataset's manifest and cached blocks go with it)."""
-    click.echo(Embedded(home).delete(KIND_NAMES[kind.lower()], name, namespace))
+    kind, namespace = _kind_ns(kind, namespace)
+    click.echo(Embedded(home).delete(kind, name, namespace))
+
+
+def _kind_ns(kind: str, namespace: str) -> tuple[str, str]:
+    """The kind a CLI name means, and the namespace to look in (``default`` for cluster-scoped kinds)."""
+    kind = KIND_NAMES[kind.lower()]
+    return kind, "default" if kind in CLUSTER_SCOPED else namespace
 
 
 COMMANDS = (apply, get, describe, delete)

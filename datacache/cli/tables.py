@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from datacache.api.quantity import format_bytes
+
 # (header, getter over a document); columns after WIDE_FROM appear with -o wide only.
 COLUMNS = {
     "Dataset": [
@@ -25,6 +27,22 @@ COLUMNS = {
         ("CACHED", lambda d: _st(d, "cached")),
         ("PHASE", lambda d: _st(d, "phase")),
         ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
+        ("WORKERS (USED/CAPACITY)", lambda d: _workers(d)),
+    ],
+    "ThinRuntime": [
+        ("NAME", lambda d: d["metadata"]["name"]),
+        ("PROFILE", lambda d: d["spec"]["profileName"]),
+        ("CACHE CAPACITY", lambda d: _st(d, "cacheCapacity")),
+        ("CACHED", lambda d: _st(d, "cached")),
+        ("PHASE", lambda d: _st(d, "phase")),
+        ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
+    ],
+    "ThinRuntimeProfile": [
+        ("NAME", lambda d: d["metadata"]["name"]),
+        ("FILE SYSTEM TYPE", lambda d: d["spec"]["fileSystemType"]),
+        ("PLUGIN", lambda d: d["spec"].get("plugin") or ""),
+        ("FUSE COMMAND", lambda d: (d["spec"].get("fuse") or {"command": [""]})["command"][0]),
+        ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
     ],
     "DataLoad": [
         ("NAME", lambda d: d["metadata"]["name"]),
@@ -34,7 +52,7 @@ COLUMNS = {
         ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
     ],
 }
-WIDE_FROM = {"Dataset": 7}
+WIDE_FROM = {"Dataset": 7, "CacheRuntime": 7}
 
 
 def _st(doc: dict, key: str) -> str:
@@ -44,6 +62,17 @@ def _st(doc: dict, key: str) -> str:
 
 def _cs(doc: dict, key: str) -> str:
     return str(((doc.get("status") or {}).get("cacheStates") or {}).get(key) or "")
+
+
+def _workers(doc: dict) -> str:
+    """Per worker: ``name=used/capacity`` (``name=down`` when not ready)."""
+    parts = []
+    for w in (doc.get("status") or {}).get("workers") or []:
+        short = str(w.get("name", "")).rsplit("-", 2)[-2:]
+        label = "-".join(short)
+        parts.append(f"{label}={format_bytes(w.get('used', 0))}/{format_bytes(w.get('capacity', 0))}"
+                     if w.get("ready") else f"{label}=down")
+    return ",".join(parts)
 
 
 def age(created: str | None) -> str:
@@ -63,6 +92,11 @@ def table(kind: str, docs: list[dict], wide: bool = False) -> str:
     cols = COLUMNS[kind]
     if not wide:
         cols = cols[:WIDE_FROM.get(kind, len(cols))]
-    rows = [[h for h, _ in cols]] + [[get(doc) for _, get in cols] for doc in docs]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    return rows_table([h for h, _ in cols], [[get(doc) for _, get in cols] for doc in docs])
+
+
+def rows_table(headers: list[str], rows: list[list[str]]) -> str:
+    """``headers`` and ``rows`` as plain aligned columns."""
+    rows = [headers] + rows
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -55,6 +55,13 @@ class LoopThread:
         """Run ``coro`` on the loop and return its result (its exception is raised here)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
+    def gather(self, coros, timeout: float | None = None) -> list:
+        """Run ``coros`` concurrently on the loop; each result, or the exception it raised."""
+        async def all_of():
+            return await asyncio.gather(*coros, return_exceptions=True)
+
+        return self.run(all_of(), timeout)
+
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
@@ -82,7 +89,8 @@ class WorkerClient:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=256, limit_per_host=32, enable_cleanup_closed=True)
             self._session = aiohttp.ClientSession(connector=connector, headers=self._headers,
-                                                  auto_decompress=False, timeout=self._timeout)
+                                                  auto_decompress=False, timeout=self._timeout,
+                                                  read_bufsize=self.block_size)
         return self._session
 
     async def _request(self, method: str, url: str, path: str, where: str, *, timeout=None, **kwargs):

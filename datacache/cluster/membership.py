@@ -1,7 +1,7 @@
 """Membership: which cache workers of a runtime are alive, and where.
 
-Embedded mode keeps it in a small SQLite database (``$DATACACHE_HOME/cluster.db``, 0600): each
-worker inserts its row when it starts listening, refreshes ``heartbeat`` every ``HEARTBEAT_S`` and
+Embedded mode keeps it in the embedded state database (``$DATACACHE_HOME/state.db``, table
+``workers``): each worker inserts its row when it starts listening, refreshes ``heartbeat`` every ``HEARTBEAT_S`` and
 deletes the row when it stops cleanly. A worker that died without deleting its row (kill -9, a
 crash, a lost node) expires when its heartbeat is older than ``TTL_S``; clients also stop asking a
 worker as soon as a connection to it fails, so the TTL only bounds how long a dead worker is
@@ -14,12 +14,10 @@ Times are wall-clock seconds (``time.time()``), shared by every process of the m
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from datacache import private
+from datacache.control.state import StateStore
 
 HEARTBEAT_S = 1.0
 TTL_S = 5.0
@@ -46,18 +44,12 @@ class Member:
         return int(self.worker_id.rsplit("-", 1)[-1])
 
 
-class Membership:
-    """Worker rows per runtime (``namespace``/``name``) in ``home``'s cluster database."""
+class Membership(StateStore):
+    """Worker rows per runtime (``namespace``/``name``) in ``home``'s state database."""
 
     def __init__(self, home: str, ttl: float = TTL_S):
-        private.makedirs(home)
-        path = private.touch(os.path.join(home, "cluster.db"))
+        super().__init__(home)
         self.ttl = ttl
-        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        for suffix in ("-wal", "-shm"):
-            if os.path.exists(path + suffix):
-                os.chmod(path + suffix, private.FILE_MODE)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS workers (namespace TEXT, runtime TEXT, worker_id TEXT, url TEXT,"
             " node TEXT, pid INTEGER, disk TEXT, heartbeat REAL, PRIMARY KEY (namespace, runtime, worker_id))")
@@ -94,13 +86,3 @@ class Membership:
         now = time.time()
         return [m for m in self.members(namespace, runtime) if now - m.heartbeat < self.ttl]
 
-    def is_live(self, member: Member) -> bool:
-        return time.time() - member.heartbeat < self.ttl
-
-    def close(self) -> None:
-        self._db.close()
-
-
-def describe(member: Member) -> dict:
-    """A JSON-able dict of ``member`` (for status and ``datacache worker list``)."""
-    return asdict(member)

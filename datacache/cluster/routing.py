@@ -19,20 +19,21 @@ import os
 import socket
 import threading
 import time
-from typing import Callable
 
 from datacache.cache.disk import DiskTier
 from datacache.cluster import placement
-from datacache.cluster.membership import Member
+from datacache.cluster.membership import Member, Membership
 
 
 class Router:
-    """Live workers from ``live`` (a callable returning ``Member`` lists), refreshed every
-    ``refresh_s`` seconds; ``short_circuit``: whether local block files may be read directly."""
+    """Live workers of runtime ``namespace``/``runtime`` in ``membership`` (which the router closes),
+    refreshed every ``refresh_s`` seconds; ``short_circuit``: whether local block files may be read
+    directly; ``node``: this host's name."""
 
-    def __init__(self, live: Callable[[], list[Member]], refresh_s: float = 1.0, suspect_s: float = 5.0,
-                 short_circuit: bool = True, node: str | None = None):
-        self._live_fn = live
+    def __init__(self, membership: Membership, namespace: str, runtime: str, refresh_s: float = 1.0,
+                 suspect_s: float = 5.0, short_circuit: bool = True, node: str | None = None):
+        self._membership = membership
+        self._runtime = (namespace, runtime)
         self.refresh_s = refresh_s
         self.suspect_s = suspect_s
         self.short_circuit = short_circuit
@@ -47,7 +48,7 @@ class Router:
         """Live workers (cached for ``refresh_s``)."""
         with self._lock:
             if time.monotonic() - self._fetched > self.refresh_s:
-                self._members = self._live_fn()
+                self._members = self._membership.live(*self._runtime)
                 self._fetched = time.monotonic()
             return self._members
 
@@ -91,3 +92,4 @@ class Router:
                 if tier is not None:
                     tier.close()
             self._tiers.clear()
+        self._membership.close()

@@ -17,17 +17,15 @@ a worker that fails are re-placed over the remaining workers, and if none is lef
 ``OSError(EHOSTDOWN)`` naming the file, so warmup reports exactly what is missing.
 ``worker_progress()`` gives bytes and blocks stored per worker. ``is_cached`` asks the owners of all
 blocks of the file in one batched query per owner and keeps the answer for ``exists_ttl`` seconds.
-Read-ahead fetches blocks into a small buffer held against the shared memory budget.
+Read-ahead fetches the next blocks in the background (see :mod:`.readahead`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import threading
 import time
 from collections import Counter, OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from datacache.cache.blocks import BlockKey, block_count, block_range, file_id
 from datacache.cache.budget import MemoryBudget
@@ -35,8 +33,10 @@ from datacache.cache.memory import MemoryTier
 from datacache.cache.source import LocalBlockSource
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
+from datacache.cluster import auth
 from datacache.cluster.client import BlockVanished, LoopThread, WorkerClient, WorkerRejected, WorkerUnavailable
-from datacache.cluster.membership import Member
+from datacache.cluster.membership import Member, Membership
+from datacache.cluster.readahead import ReadAhead
 from datacache.cluster.routing import Router
 from datacache.errors import UFSUnavailableError
 from datacache.manifest import FileEntry
@@ -67,9 +67,7 @@ class ClusterBlockSource:
         self._direct = LocalBlockSource(dataset, TieredStore([MemoryTier(0)]), ufs, self.block_size, budget)
         self._remote_ufs_bytes = 0
         self._progress: Counter = Counter()
-        self._ahead: OrderedDict[str, tuple[Future, int]] = OrderedDict()
-        self._ahead_max = max(1, min(16, budget.limit // (2 * self.block_size)))
-        self._ahead_pool = ThreadPoolExecutor(4, thread_name_prefix="datacache-readahead")
+        self._ahead = ReadAhead(budget, self.block_size)
         self._exists: OrderedDict[str, tuple[float, list[bool]]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -82,11 +80,12 @@ class ClusterBlockSource:
         """Bytes read from the UFS for this client: by workers on its behalf and directly."""
         return self._remote_ufs_bytes + self._direct.ufs_bytes
 
-    def get(self, entry: FileEntry, index: int) -> bytes:
-        """Block ``index`` of ``entry``. Raises FileNotFoundError / StaleFileError /
-        UFSUnavailableError as the UFS does; never a worker's failure."""
+    def get(self, entry: FileEntry, index: int) -> bytes | memoryview:
+        """Block ``index`` of ``entry`` (bytes-like, short only for the last block). Raises
+        FileNotFoundError / StaleFileError / UFSUnavailableError as the UFS does, never a
+        worker's failure."""
         key = str(self.key(entry, index))
-        data = self._take_ahead(key)
+        data = self._ahead.take(key)
         hit = data is not None
         if data is None:
             data, hit = self._fetch(entry, index, key)
@@ -100,46 +99,31 @@ class ClusterBlockSource:
             return
         key = str(self.key(entry, index))
         start, end = block_range(index, entry.size, self.block_size)
-        with self._lock:
-            if key in self._ahead or not self.budget.acquire(end - start, blocking=False):
-                return
-            if len(self._ahead) >= self._ahead_max:
-                self._release(*self._ahead.popitem(last=False)[1])
-            self._ahead[key] = (self._ahead_pool.submit(self._fetch, entry, index, key), end - start)
+        self._ahead.start(key, end - start, self._fetch, entry, index, key)
 
     def fill(self, entry: FileEntry, first: int, last: int) -> int:
         """Warmup: have the owners cache blocks ``first..last``; returns the bytes newly stored.
         Raises the UFS's error, ``OSError(ENOSPC)`` from a full worker, or ``OSError(EHOSTDOWN)``
         when no live worker is left to hold a block."""
-        pending = set(range(first, last + 1))
-        stored, errors = 0, []
-        while pending:
-            plan: dict[str, tuple[Member, list[int]]] = {}
-            for i in sorted(pending):
-                for member in self.router.candidates(str(self.key(entry, i)))[:self.replicas]:
-                    plan.setdefault(member.worker_id, (member, []))[1].append(i)
-            if not plan:
-                raise OSError(errno.EHOSTDOWN, f"no live cache worker to hold blocks {sorted(pending)[:8]} "
-                                               f"(see 'datacache get runtimes')", entry.path)
-            jobs = [self._client.fill(m.url, m.worker_id, entry, idx) for m, idx in plan.values()]
-            results = self._io.run(asyncio.gather(*jobs, return_exceptions=True))
-            pending = set()
-            for (member, idx), result in zip(plan.values(), results):
-                if isinstance(result, WorkerUnavailable):
-                    self.router.suspect(member)
-                    pending.update(idx)
-                elif isinstance(result, BaseException):
-                    errors.append(result)
-                else:
-                    stored += result
-                    with self._lock:
-                        self._progress[(member.worker_id, "bytes")] += result
-                        self._progress[(member.worker_id, "blocks")] += len(idx)
+        done, unplaced = self._scatter(entry, range(first, last + 1),
+                                       lambda m, idx: self._client.fill(m.url, m.worker_id, entry, idx))
         self._forget(entry)
+        stored, errors = 0, []
+        for member, idx, result in done:
+            if isinstance(result, BaseException):
+                errors.append(result)
+                continue
+            stored += result
+            with self._lock:
+                self._progress[(member.worker_id, "bytes")] += result
+                self._progress[(member.worker_id, "blocks")] += len(idx)
         with self._lock:
             self._remote_ufs_bytes += stored
         if errors:
             raise errors[0]
+        if unplaced:
+            raise OSError(errno.EHOSTDOWN, f"no live cache worker to hold blocks {unplaced[:8]} "
+                                           "(see 'datacache get runtimes')", entry.path)
         return stored
 
     def is_cached(self, entry: FileEntry, index: int) -> bool:
@@ -169,11 +153,7 @@ class ClusterBlockSource:
 
     def close(self) -> None:
         """Stop read-ahead, close connections and the short-circuit readers."""
-        self._ahead_pool.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            for fut, n in self._ahead.values():
-                self._release(fut, n)
-            self._ahead.clear()
+        self._ahead.close()
         self._direct.close()
         self._io.run(self._client.close())
         self._io.close()
@@ -185,8 +165,7 @@ class ClusterBlockSource:
     def worker_metrics(self) -> dict[str, dict[str, float]]:
         """Prometheus samples of every live worker that answered, by worker id."""
         members = self.router.members()
-        answers = self._io.run(asyncio.gather(*(self._client.metrics(m.url, m.worker_id) for m in members),
-                                              return_exceptions=True))
+        answers = self._io.gather([self._client.metrics(m.url, m.worker_id) for m in members])
         return {m.worker_id: a for m, a in zip(members, answers) if isinstance(a, dict)}
 
     def worker_progress(self) -> dict[str, dict[str, int]]:
@@ -198,8 +177,7 @@ class ClusterBlockSource:
     def drop(self) -> int:
         """Delete the dataset's blocks on every live worker; returns how many went."""
         members = self.router.members()
-        answers = self._io.run(asyncio.gather(*(self._client.drop(m.url, m.worker_id) for m in members),
-                                              return_exceptions=True))
+        answers = self._io.gather([self._client.drop(m.url, m.worker_id) for m in members])
         return sum(a for a in answers if isinstance(a, int))
 
     # -- internals -------------------------------------------------------------------------------
@@ -236,41 +214,53 @@ class ClusterBlockSource:
             except BlockVanished:
                 raise WorkerUnavailable(f"cache worker {member.worker_id} sent a corrupt block twice") from None
 
+    def _scatter(self, entry: FileEntry, indexes, call):
+        """Run ``call(member, [index, ...])`` once per owner of the blocks ``indexes``, in parallel;
+        an owner that is unavailable is suspected and its blocks go to the next owners, until none
+        is left. Returns ``([(member, indexes, result or exception)], [indexes no worker took])``."""
+        pending, done = set(indexes), []
+        while pending:
+            plan: dict[str, tuple[Member, list[int]]] = {}
+            for i in sorted(pending):
+                for member in self.router.candidates(str(self.key(entry, i)))[:self.replicas]:
+                    plan.setdefault(member.worker_id, (member, []))[1].append(i)
+            if not plan:
+                break
+            results = self._io.gather([call(m, idx) for m, idx in plan.values()])
+            pending = set()
+            for (member, idx), result in zip(plan.values(), results):
+                if isinstance(result, WorkerUnavailable):
+                    self.router.suspect(member)
+                    pending.update(idx)
+                else:
+                    done.append((member, idx, result))
+        return done, sorted(pending)
+
     def _query_file(self, entry: FileEntry) -> list[bool]:
         keys = [str(self.key(entry, i)) for i in range(block_count(entry.size, self.block_size))]
-        asks: dict[str, tuple[Member, list[int]]] = {}
-        for i, key in enumerate(keys):
-            for member in self.router.candidates(key)[:self.replicas]:
-                asks.setdefault(member.worker_id, (member, []))[1].append(i)
-        jobs = [self._client.exists(m.url, m.worker_id, [keys[i] for i in idx]) for m, idx in asks.values()]
-        answers = self._io.run(asyncio.gather(*jobs, return_exceptions=True)) if jobs else []
+        done, _ = self._scatter(entry, range(len(keys)),
+                                lambda m, idx: self._client.exists(m.url, m.worker_id, [keys[i] for i in idx]))
         cached = [False] * len(keys)
-        for (member, idx), answer in zip(asks.values(), answers):
-            if isinstance(answer, WorkerUnavailable):
-                self.router.suspect(member)
-            elif isinstance(answer, BaseException):
+        for _, idx, answer in done:
+            if isinstance(answer, BaseException):
                 raise answer
-            else:
-                for i, held in zip(idx, answer):
-                    cached[i] = cached[i] or held
+            for i, held in zip(idx, answer):
+                cached[i] = cached[i] or held
         return cached
 
     def _forget(self, entry: FileEntry) -> None:
         with self._lock:
             self._exists.pop(self._file_id(entry), None)
 
-    def _take_ahead(self, key: str) -> bytes | None:
-        with self._lock:
-            found = self._ahead.pop(key, None)
-        if found is None:
-            return None
-        fut, n = found
-        try:
-            return fut.result()[0]
-        except Exception:  # the demand read retries and raises what it finds
-            return None
-        finally:
-            self._release(fut, n)
 
-    def _release(self, fut: Future, nbytes: int) -> None:
-        fut.add_done_callback(lambda _: self.budget.release(nbytes))
+
+def connect(home: str, runtime, ufs, budget: MemoryBudget, stats: HitStats | None = None, *,
+            short_circuit: bool = True, connect_timeout: float = 1.0, read_timeout: float = 10.0,
+            replicas: int = 1) -> ClusterBlockSource:
+    """A ClusterBlockSource for CacheRuntime ``runtime`` (a model) of the embedded plane at ``home``
+    (timeouts in seconds). Raises ``ResourceError`` when the runtime has no worker token yet."""
+    ns, name = runtime.metadata.namespace, runtime.metadata.name
+    client = WorkerClient(auth.load_token(home, ns, name), name, runtime.spec.block_size_bytes,
+                          connect_timeout, read_timeout)
+    router = Router(Membership(home), ns, name, short_circuit=short_circuit)
+    return ClusterBlockSource(name, router, client, ufs, budget, stats, replicas=replicas)

@@ -13,7 +13,10 @@ Endpoints (all but ``/healthz`` and ``/metrics`` need ``Authorization: Bearer <t
 | ``GET /healthz``    | ``{"worker", "dataset", "status": "ok"}``                                     |
 | ``GET /metrics``    | Prometheus text (see :mod:`.metrics`)                                         |
 
-Block responses carry ``X-Block-Checksum`` (xxh3 of the bytes; the client verifies it) and
+A disk hit is not copied into MEM on its way out: with sendfile the kernel's page cache already
+keeps hot block files in memory, and copying them through Python would cost more than it saves;
+MEM serves blocks the store promoted (second access through the checked path) and MEM-only
+runtimes. Block responses carry ``X-Block-Checksum`` (xxh3 of the bytes; the client verifies it) and
 ``X-Cache: hit|miss``. Fills reuse :class:`~datacache.cache.source.LocalBlockSource` unchanged
 (single-flight per block, one memory budget, exact-version ranged reads); demand fills run in a
 pool of ``fill_threads`` threads, which bounds this worker's concurrent UFS connections. Every
@@ -87,7 +90,9 @@ class Worker:
         try:
             return await handler(request)
         finally:
-            self.metrics.latency.labels(request.path).observe(time.perf_counter() - started)
+            route = request.match_info.route.resource
+            endpoint = route.canonical if route is not None else "other"  # bounded label values
+            self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler):
@@ -159,7 +164,7 @@ class Worker:
     async def drop(self, request: web.Request) -> web.Response:
         body = await _json(request)
         wire.check_scope(body, self.dataset)
-        dropped = await self._in_pool(self.store.delete_prefix, f"{self.dataset}/")
+        dropped = await asyncio.get_running_loop().run_in_executor(None, self.store.delete_prefix, f"{self.dataset}/")
         return web.json_response({"dropped": dropped})
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -5,6 +5,10 @@ Resources live in a SQLite database under ``$DATACACHE_HOME``; a Dataset's manif
 under ``<level path>/<namespace>/<runtime name>`` (a relative level path is taken relative to
 ``$DATACACHE_HOME``). Applying a Dataset syncs its metadata; applying a DataLoad with policy Once
 runs it. Status is recomputed from observations by ``reconcile`` whenever it is read.
+
+The runtime bound to a Dataset (``datacache_runtimes.engine_for``) decides how its mounts are opened:
+a CacheRuntime reads their URLs; a ThinRuntime goes through its profile's plugin or FUSE command,
+which starts when the runtime is applied or the dataset opened, and stops when either is deleted.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from datetime import datetime, timezone
 
 from datacache import private
 from datacache.api.loader import load_resource_dict, to_document
-from datacache.api.models import CacheRuntime, Dataset, DataLoad
+from datacache.api.models import CacheRuntime, Dataset, DataLoad, ThinRuntime
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.disk import DiskTier
 from datacache.cache.memory import MemoryTier
@@ -23,14 +27,18 @@ from datacache.cache.source import LocalBlockSource
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.client import DatasetClient
-from datacache.control import reconcile
+from datacache.cluster import source as cluster_source
+from datacache.cluster.status import observe_workers
+from datacache.control import reconcile, supervisor
 from datacache.control.state import StateStore, default_home, now_iso
 from datacache.dataload import warmup
 from datacache.errors import ResourceError
 from datacache.manifest import Manifest, ManifestDiff
 from datacache.ufs.mounts import UnionNamespace
+from datacache_runtimes import engine_for, register_profile_schemes, stop_runtime
 
-_APPLY_ORDER = {"Dataset": 0, "CacheRuntime": 1, "DataLoad": 2}
+# A ThinRuntime (and its profile) goes before its Dataset: the Dataset's sync reads through it.
+_APPLY_ORDER = {"ThinRuntimeProfile": -2, "ThinRuntime": -1, "Dataset": 0, "CacheRuntime": 1, "DataLoad": 2}
 READAHEAD_BUDGET = 256 << 20  # bytes held by read-ahead and fills in flight, per process
 
 
@@ -41,6 +49,7 @@ class Embedded:
         self.home = os.path.abspath(home or default_home())
         self.state = StateStore(self.home)
         self._budget = MemoryBudget(READAHEAD_BUDGET)
+        register_profile_schemes(self.state.list("ThinRuntimeProfile"))
 
     # -- resources -------------------------------------------------------------------------------
     def apply(self, resources: list) -> list[str]:
@@ -56,9 +65,22 @@ class Embedded:
             lines.append(f"{res.kind.lower()}.datacache.io/{res.metadata.name} {verb}")
             if res.kind == "Dataset" and (verb != "unchanged" or self.load_manifest(res) is None):
                 self.sync(res.metadata.name, res.metadata.namespace)
+            elif res.kind == "CacheRuntime":
+                lines[-1] += supervisor.converge(self.home, res)
             elif res.kind == "DataLoad" and res.spec.policy == "Once" and verb != "unchanged":
                 self.run_dataload(res)
+            elif (res.kind == "ThinRuntime" and verb != "unchanged"
+                  and self.state.get("Dataset", res.metadata.name, res.metadata.namespace)):
+                self.sync(res.metadata.name, res.metadata.namespace)  # (re)starts it, re-lists through it
         return lines
+
+    def scale(self, name: str, replicas: int, namespace: str = "default") -> str:
+        """Set a CacheRuntime's ``replicas`` and wait for its workers (``datacache scale``);
+        returns ``cacheruntime.datacache.io/NAME scaled`` plus a note when not all are ready."""
+        runtime = self.get("CacheRuntime", name, namespace)
+        runtime.spec.replicas = replicas
+        line = self.apply([runtime])[0]
+        return line.replace(" configured", " scaled").replace(" unchanged", " scaled")
 
     def get(self, kind: str, name: str, namespace: str = "default"):
         """The resource model, or raises ResourceError naming what is missing."""
@@ -81,11 +103,21 @@ class Embedded:
         res = self.get(kind, name, namespace)
         if kind == "Dataset":
             runtime = self.runtime_for(res)
-            if runtime is not None:
+            if runtime is not None and supervisor.distributed(runtime):
+                source = self._source(runtime, UnionNamespace(res, self.home))
+                source.drop()
+                source.close()
+            elif runtime is not None:
                 store = self.store_for(runtime)
                 store.delete_prefix(f"{name}/")
                 store.close()
+            if runtime is not None:
+                stop_runtime(runtime, self.home)
             shutil.rmtree(self._dataset_dir(res), ignore_errors=True)
+        elif kind == "CacheRuntime":
+            supervisor.stop(self.home, namespace, name)
+        elif kind == "ThinRuntime":
+            stop_runtime(res, self.home)
         self.state.delete(kind, name, namespace)
         return f"{kind.lower()}.datacache.io/{name} deleted"
 
@@ -93,27 +125,35 @@ class Embedded:
         """Recompute and store the status of one resource from observations."""
         if kind == "Dataset":
             status = reconcile.dataset_status(self._observe(self.get(kind, name, namespace)))
-        elif kind == "CacheRuntime":
+        elif kind in ("CacheRuntime", "ThinRuntime"):
             rt = self.get(kind, name, namespace)
-            store = self.store_for(rt)
-            worker = {"name": f"{name}-worker-0", "ready": True, "capacity": store.capacity, "used": store.used()}
-            store.close()
-            status = reconcile.runtime_status(rt.spec.replicas, [worker] if rt.spec.replicas else [])
+            if supervisor.distributed(rt):
+                workers = observe_workers(self.home, rt)
+            else:
+                store = self.store_for(rt)
+                workers = [{"name": f"{name}-worker-0", "ready": self._ready(rt), "capacity": store.capacity,
+                            "used": store.used()}] if rt.spec.replicas else []
+                store.close()
+            status = reconcile.runtime_status(rt.spec.replicas, workers)
         else:
             return None
         self.state.set_status(kind, name, namespace, status)
         return status
 
     # -- datasets --------------------------------------------------------------------------------
-    def runtime_for(self, dataset: Dataset) -> CacheRuntime | None:
-        """The CacheRuntime bound to ``dataset`` (same name and namespace, as in Fluid)."""
-        doc = self.state.get("CacheRuntime", dataset.metadata.name, dataset.metadata.namespace)
-        return load_resource_dict(doc, "state") if doc else None
+    def runtime_for(self, dataset: Dataset) -> CacheRuntime | ThinRuntime | None:
+        """The runtime bound to ``dataset`` (same name and namespace, as in Fluid): its CacheRuntime,
+        else its ThinRuntime."""
+        for kind in ("CacheRuntime", "ThinRuntime"):
+            doc = self.state.get(kind, dataset.metadata.name, dataset.metadata.namespace)
+            if doc:
+                return load_resource_dict(doc, "state")
+        return None
 
     def sync(self, name: str, namespace: str = "default") -> ManifestDiff:
         """Metadata sync: list every mount, store a new manifest, return the diff to the old one."""
         ds = self.get("Dataset", name, namespace)
-        ufs = UnionNamespace(ds, self.home)
+        ufs = self.ufs_for(ds)
         new = Manifest.from_entries(ufs.list_files())
         old = self.load_manifest(ds)
         private.makedirs(self._dataset_dir(ds))
@@ -132,14 +172,13 @@ class Embedded:
         runtime = self.runtime_for(ds)
         if runtime is None:
             raise ResourceError(f"dataset {namespace}/{name} has no CacheRuntime: apply a CacheRuntime "
-                                f"named {name!r} in namespace {namespace!r} to cache it")
+                                f"(or ThinRuntime) named {name!r} in namespace {namespace!r} to cache it")
         manifest = self.load_manifest(ds)
         if manifest is None:
             self.sync(name, namespace)
             manifest = self.load_manifest(ds)
-        ufs = UnionNamespace(ds, self.home)
-        source = LocalBlockSource(name, self.store_for(runtime), ufs, runtime.spec.block_size_bytes,
-                                  self._budget, self._stats(runtime))
+        ufs = self.ufs_for(ds, runtime)
+        source = self._source(runtime, ufs)
         return DatasetClient(name, manifest, source, ufs, lambda m: m.save(self._manifest_path(ds)),
                              readahead=runtime.spec.fuse.read_ahead_blocks, load_manifest=lambda: self.load_manifest(ds))
 
@@ -155,9 +194,13 @@ class Embedded:
                 client.close()
                 client = self.open_dataset(dataload.spec.dataset.name, dataload.spec.dataset.namespace)
             result = warmup(client, [t.path for t in dataload.spec.target], on_progress=on_progress)
+            per_worker = getattr(client.source, "worker_progress", dict)()
         finally:
             client.close()
-        self.state.set_status("DataLoad", meta.name, meta.namespace, reconcile.dataload_status(result, started))
+        status = reconcile.dataload_status(result, started)
+        if per_worker:
+            status["workers"] = per_worker
+        self.state.set_status("DataLoad", meta.name, meta.namespace, status)
         return result
 
     def warmup(self, name: str, paths: list[str], namespace: str = "default", on_progress=None):
@@ -182,7 +225,11 @@ class Embedded:
             return reconcile.DatasetObservation(
                 bound=runtime is not None, synced=manifest is not None,
                 file_num=manifest.file_num if manifest else 0, ufs_total=manifest.total_size if manifest else 0)
-        client = self.open_dataset(ds.metadata.name, ds.metadata.namespace)
+        try:
+            client = self.open_dataset(ds.metadata.name, ds.metadata.namespace)
+        except (ResourceError, OSError) as err:  # e.g. a thin runtime's storage is unreachable
+            return reconcile.DatasetObservation(bound=True, synced=True, file_num=manifest.file_num,
+                                                ufs_total=manifest.total_size, error=str(err))
         try:
             hits, misses = client.source.hit_counts()
             return reconcile.DatasetObservation(
@@ -190,6 +237,42 @@ class Embedded:
                 cached=client.cached_bytes(), capacity=client.usage()[1], hits=hits, misses=misses)
         finally:
             client.close()
+
+    def ufs_for(self, ds: Dataset, runtime=None) -> UnionNamespace:
+        """The dataset's mounts opened by its runtime (``runtime``, default the bound one): a
+        ThinRuntime's plugin or FUSE directory (started if needed), else the mounts' URLs. Raises
+        ResourceError when a ThinRuntime's profile is missing or its FUSE command fails."""
+        runtime = runtime or self.runtime_for(ds)
+        return UnionNamespace(ds, self.home, self._engine(runtime).opener(ds) if runtime else None)
+
+    def _engine(self, runtime):
+        """The runtime's engine (``datacache_runtimes``), given a ThinRuntime's profile."""
+        profile = None
+        if runtime.kind == "ThinRuntime":
+            name = runtime.spec.profile_name
+            doc = self.state.get("ThinRuntimeProfile", name)
+            if doc is None:
+                raise ResourceError(f"thinruntime {runtime.metadata.namespace}/{runtime.metadata.name}: "
+                                    f"spec.profileName: thinruntimeprofile {name!r} not found: apply it first")
+            profile = load_resource_dict(doc, f"state:ThinRuntimeProfile/{name}")
+        return engine_for(runtime, profile, self.home)
+
+    def _ready(self, runtime) -> bool:
+        try:
+            return self._engine(runtime).ready()
+        except ResourceError:
+            return False
+
+    def _source(self, runtime: CacheRuntime, ufs):
+        """The block source: in-process (replicas 0/1), or the runtime's workers (replicas >= 2),
+        starting their supervisor again if it is not running (after a reboot, say)."""
+        if not supervisor.distributed(runtime):
+            return LocalBlockSource(runtime.metadata.name, self.store_for(runtime), ufs,
+                                    runtime.spec.block_size_bytes, self._budget, self._stats(runtime))
+        ns, name = runtime.metadata.namespace, runtime.metadata.name
+        if supervisor.ensure_running(self.home, ns, name):
+            supervisor.wait_ready(self.home, ns, name, runtime.spec.replicas)
+        return cluster_source.connect(self.home, runtime, ufs, self._budget, self._stats(runtime))
 
     def _level_dir(self, runtime: CacheRuntime, level, worker: str | None = None) -> str:
         base = os.path.join(self.home, os.path.expanduser(level.path))

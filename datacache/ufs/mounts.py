@@ -20,6 +20,7 @@ from fsspec.core import url_to_fs
 from fsspec.registry import known_implementations, registry
 
 from datacache.api.models import plugin_schemes
+from datacache.entry import FileEntry
 from datacache.ufs.credentials import redact, resolve_options
 from datacache.ufs.versions import mtime_of, read_exact, version_of
 
@@ -40,19 +41,6 @@ class UfsMount:
     def dataset_path(self, ufs_path: str) -> str:
         rel = ufs_path[len(self.root):].lstrip("/") if self.root else ufs_path.lstrip("/")
         return posixpath.join(self.prefix, rel) if self.prefix else rel
-
-
-@dataclass(frozen=True)
-class Listed:
-    """A file found in a UFS listing: dataset path, mount name, UFS path, size (bytes), mtime
-    (seconds), version."""
-
-    path: str
-    mount: str
-    ufs_path: str
-    size: int
-    mtime: float
-    version: str
 
 
 MountOpener = Callable[[Any, str], "tuple[fsspec.AbstractFileSystem, str]"]
@@ -90,7 +78,7 @@ class UnionNamespace:
             options = {**_S3_DEFAULTS, **options}
         return url_to_fs(url, **options)
 
-    def list_files(self) -> Iterator[Listed]:
+    def list_files(self) -> Iterator[FileEntry]:
         """Every file of every mount, with its version. A missing mount root lists nothing."""
         for mount in self.mounts.values():
             try:
@@ -100,17 +88,17 @@ class UnionNamespace:
             for ufs_path, info in found.items():
                 if info.get("type") != "file":
                     continue
-                yield Listed(
+                yield FileEntry(
                     mount.dataset_path(ufs_path), mount.name, ufs_path, int(info["size"]),
                     mtime_of(info), version_of(mount.fs, info),
                 )
 
-    def stat(self, mount: str, ufs_path: str) -> Listed:
+    def stat(self, mount: str, ufs_path: str) -> FileEntry:
         """Fresh metadata of one file (for a per-file refresh). Raises FileNotFoundError."""
         m = self.mounts[mount]
         m.fs.invalidate_cache(ufs_path)
         info = m.fs.info(ufs_path)
-        return Listed(m.dataset_path(ufs_path), mount, ufs_path, int(info["size"]), mtime_of(info),
+        return FileEntry(m.dataset_path(ufs_path), mount, ufs_path, int(info["size"]), mtime_of(info),
                       version_of(m.fs, info))
 
     def read(self, mount: str, ufs_path: str, version: str, start: int, end: int) -> bytes:

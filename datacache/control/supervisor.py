@@ -1,0 +1,293 @@
+"""Embedded supervision of cache workers: N worker processes per CacheRuntime on this machine.
+
+A CacheRuntime with ``replicas`` >= 2 runs as worker processes; with 0 or 1 the cache stays in the
+reading process (today's LocalBlockSource, the "local worker"), which is the fastest choice on one
+node. For a distributed runtime, one *supervisor* daemon per runtime (``datacache worker
+supervise``) converges, like a Kubernetes controller, on what the state database says:
+
+- every ``poll_s`` it reads the CacheRuntime (and its Dataset) from ``$DATACACHE_HOME/state.db``;
+- it starts worker ``i`` for each ``i < replicas`` that is not running (``datacache worker serve``,
+  cache in ``<level path>/<ns>/<name>/worker-<i>``, port ``spec.worker.port + i`` or any free one),
+  restarting crashed ones with a capped backoff, and restarting workers whose spec changed;
+- it stops workers ``i >= replicas`` (scale down), and everything when the runtime is deleted or
+  drops back to one replica, then exits.
+
+So ``apply`` and ``scale`` only write the desired state and wait for readiness; the daemon and the
+workers survive the CLI that started them (own session, stdin closed, output to
+``$DATACACHE_HOME/logs/<ns>.<name>.<process>.log``). Pid files under
+``$DATACACHE_HOME/runtimes/<ns>/<name>/`` hold ``pid starttime``, so a recycled pid is never
+mistaken for a worker. Workers exit on their own if the supervisor dies (they watch their parent),
+and :func:`stop` kills any that remain, so no stray process outlives ``datacache delete``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from datacache import private
+from datacache.cluster.auth import ensure_token, runtime_dir
+from datacache.cluster.membership import Membership
+
+log = logging.getLogger("datacache.supervisor")
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+_BACKOFF_MAX_S = 30.0
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05):
+    """Poll ``predicate()`` until it returns something true (returned) or ``timeout`` seconds
+    pass (returns the last, false, value)."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()) and time.monotonic() < deadline:
+        time.sleep(interval)
+    return value
+
+
+def distributed(runtime) -> bool:
+    """Whether ``runtime`` (a CacheRuntime model) runs as worker processes (``replicas`` >= 2)."""
+    return runtime.spec.replicas >= 2
+
+
+# -- pid files ---------------------------------------------------------------------------------------
+def _start_time(pid: int) -> int | None:
+    """The kernel start time of a running (not zombie) ``pid``, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def write_pid(path: str, pid: int) -> None:
+    private.makedirs(os.path.dirname(path))
+    with open(private.touch(path + ".tmp"), "w") as f:
+        f.write(f"{pid} {_start_time(pid) or 0}\n")
+    os.replace(path + ".tmp", path)
+
+
+def read_pid(path: str) -> int | None:
+    """The pid in ``path`` if that very process still runs, else None."""
+    try:
+        with open(path) as f:
+            pid, started = (int(x) for x in f.read().split())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if _start_time(pid) == started else None
+
+
+def _kill(pid: int, timeout: float) -> None:
+    """SIGTERM ``pid``, wait up to ``timeout`` s for it to go, then SIGKILL it."""
+    started = _start_time(pid)
+    if started is None:
+        return
+    _signal(pid, signal.SIGTERM)
+    if not wait_until(lambda: _start_time(pid) != started, timeout):
+        _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _paths(home: str, namespace: str, name: str) -> tuple[str, str]:
+    """``(runtime dir, log file prefix)``."""
+    return runtime_dir(home, namespace, name), os.path.join(home, "logs", f"{namespace}.{name}")
+
+
+def _spawn(argv: list[str], log_path: str, **kwargs) -> subprocess.Popen:
+    private.makedirs(os.path.dirname(log_path))
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, private.FILE_MODE)
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
+                                close_fds=True, **kwargs)
+    finally:
+        os.close(fd)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "datacache", *args]
+
+
+# -- what the CLI and the embedded plane call ---------------------------------------------------------
+def ensure_running(home: str, namespace: str, name: str, timeout: float = 15.0) -> bool:
+    """Start the runtime's supervisor daemon unless it runs; True when it had to be started.
+    Raises ``TimeoutError`` when it did not come up within ``timeout`` seconds."""
+    rdir, logs = _paths(home, namespace, name)
+    pid_path = os.path.join(rdir, "supervisor.pid")
+    if read_pid(pid_path) is not None:
+        return False
+    ensure_token(home, namespace, name)
+    _spawn(_cli("worker", "supervise", name, "-n", namespace, "--home", home), logs + ".supervisor.log",
+           start_new_session=True, cwd=home)
+    if wait_until(lambda: read_pid(pid_path), timeout) is None:
+        raise TimeoutError(f"the supervisor of cacheruntime {namespace}/{name} did not start: see "
+                           f"{logs}.supervisor.log")
+    return True
+
+
+def wait_ready(home: str, namespace: str, name: str, replicas: int, timeout: float = READY_TIMEOUT_S) -> bool:
+    """Wait until exactly workers ``0..replicas-1`` are live; False after ``timeout`` seconds."""
+    want = {f"worker-{i}" for i in range(replicas)}
+    members = Membership(home)
+    try:
+        return wait_until(lambda: {m.worker_id for m in members.live(namespace, name)} == want, timeout, 0.1)
+    finally:
+        members.close()
+
+
+def converge(home: str, runtime, timeout: float = READY_TIMEOUT_S) -> str:
+    """Make the processes match ``runtime`` (stored already): start/keep its supervisor and wait for
+    its workers, or stop them for an in-process runtime. Returns '' or a note on readiness."""
+    ns, name = runtime.metadata.namespace, runtime.metadata.name
+    if not distributed(runtime):
+        stop(home, ns, name)
+        return ""
+    ensure_running(home, ns, name)
+    if wait_ready(home, ns, name, runtime.spec.replicas, timeout):
+        return ""
+    members = Membership(home)
+    ready = len(members.live(ns, name))
+    members.close()
+    return f" ({ready}/{runtime.spec.replicas} workers ready; see 'datacache get runtimes')"
+
+
+def stop(home: str, namespace: str, name: str, timeout: float = STOP_TIMEOUT_S) -> None:
+    """Stop the runtime's supervisor and every worker it started (SIGTERM, then SIGKILL after
+    ``timeout`` s), and forget their registrations."""
+    rdir, _ = _paths(home, namespace, name)
+    if not os.path.isdir(rdir):
+        return
+    pid = read_pid(os.path.join(rdir, "supervisor.pid"))
+    if pid is not None:
+        _kill(pid, timeout)
+    for entry in sorted(os.listdir(rdir)):
+        if entry.startswith("worker-") and entry.endswith(".pid"):
+            wpid = read_pid(os.path.join(rdir, entry))
+            if wpid is not None:
+                _kill(wpid, timeout)
+            os.unlink(os.path.join(rdir, entry))
+    members = Membership(home)
+    for m in members.members(namespace, name):
+        if _start_time(m.pid) is None:
+            members.remove(namespace, name, m.worker_id, m.pid)
+    members.close()
+
+
+# -- the daemon ----------------------------------------------------------------------------------------
+@dataclass
+class _Child:
+    proc: subprocess.Popen | None = None
+    spec: str = ""
+    started: float = 0.0
+    backoff: float = 0.5
+    next_start: float = 0.0
+
+
+class Supervisor:
+    """The daemon loop for runtime ``namespace``/``name`` (see the module docstring)."""
+
+    def __init__(self, home: str, namespace: str, name: str, poll_s: float = 0.25):
+        self.home, self.namespace, self.name, self.poll_s = home, namespace, name, poll_s
+        self.dir, self.logs = _paths(home, namespace, name)
+        self._children: dict[int, _Child] = {}
+        self._stopping = threading.Event()
+
+    def run(self) -> int:
+        """Supervise until the runtime goes away or SIGTERM; returns the exit status (0)."""
+        from datacache.control.state import StateStore
+
+        private.makedirs(self.dir)
+        lock = os.open(private.touch(os.path.join(self.dir, "supervisor.lock")), os.O_RDWR)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0  # another supervisor owns this runtime
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stopping.set())
+        write_pid(os.path.join(self.dir, "supervisor.pid"), os.getpid())
+        state, self._members = StateStore(self.home), Membership(self.home)
+        try:
+            while not self._stopping.is_set():
+                desired, spec, port = self._desired(state)
+                if desired < 2:
+                    break
+                self._converge(desired, spec, port)
+                self._stopping.wait(self.poll_s)
+        finally:
+            self._stop_children(list(self._children))
+            os.unlink(os.path.join(self.dir, "supervisor.pid"))
+            state.close()
+            self._members.close()
+        return 0
+
+    def _desired(self, state) -> tuple[int, str, int]:
+        """``(replicas, digest of everything else a worker depends on, base port or 0)``."""
+        runtime = state.get("CacheRuntime", self.name, self.namespace)
+        dataset = state.get("Dataset", self.name, self.namespace)
+        if runtime is None or dataset is None:
+            return 0, "", 0
+        spec = {k: v for k, v in runtime["spec"].items() if k != "replicas"}
+        digest = hashlib.sha256(json.dumps([spec, dataset["spec"]], sort_keys=True).encode()).hexdigest()
+        port = (spec.get("worker") or {}).get("port") or 0
+        return int(runtime["spec"].get("replicas", 1)), digest, port
+
+    def _converge(self, desired: int, spec: str, port: int) -> None:
+        now = time.monotonic()
+        for i in range(desired):
+            child = self._children.setdefault(i, _Child())
+            if child.proc is not None and child.proc.poll() is None:
+                if child.spec != spec:
+                    log.info("worker-%d: spec changed, restarting", i)
+                    self._stop_children([i])
+                continue
+            if child.proc is not None:  # exited: back off if it did not last
+                lasted = now - child.started
+                child.backoff = 0.5 if lasted > 10 else min(child.backoff * 2, _BACKOFF_MAX_S)
+                child.next_start = now + child.backoff
+                log.warning("worker-%d exited with %s after %.1fs; restart in %.1fs", i, child.proc.returncode,
+                            lasted, child.backoff)
+                child.proc = None
+            if now >= child.next_start:
+                self._start(i, child, spec, port + i if port else 0)
+        extra = [i for i in self._children if i >= desired]
+        if extra:
+            self._stop_children(extra)
+
+    def _start(self, index: int, child: _Child, spec: str, port: int) -> None:
+        argv = _cli("worker", "serve", self.name, "-n", self.namespace, "--home", self.home, "--index", str(index),
+                    "--port", str(port), "--exit-with-parent")
+        child.proc = _spawn(argv, f"{self.logs}.worker-{index}.log")
+        child.spec, child.started = spec, time.monotonic()
+        write_pid(os.path.join(self.dir, f"worker-{index}.pid"), child.proc.pid)
+
+    def _stop_children(self, indexes: list[int]) -> None:
+        procs = [(i, self._children.pop(i).proc) for i in indexes]
+        for _, proc in procs:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+        for i, proc in procs:
+            if proc is not None:
+                try:
+                    proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                self._members.remove(self.namespace, self.name, f"worker-{i}", proc.pid)
+            pid_file = os.path.join(self.dir, f"worker-{i}.pid")
+            if os.path.exists(pid_file):
+                os.unlink(pid_file)

@@ -1,0 +1,115 @@
+"""Runtimes by kind: what the control plane asks of the runtime bound to a Dataset.
+
+As in Fluid, runtimes are built by name through one small factory, :func:`engine_for`, and all
+answer the same three calls: ``opener(dataset)`` (how the Dataset's mounts become filesystems;
+``None``: each mount's URL through fsspec), ``ready()`` and ``stop()``. The cache on top (tiers,
+blocks, warmup, ``datacache://``, the readers' FUSE mount, status) is the same for every runtime
+and stays in the control plane, so a thin runtime gets all of it unchanged.
+
+- ``CacheEngine``: the built-in cache runtime (``CacheRuntime``); nothing to start or stop.
+- ``ThinEngine``: a ``ThinRuntime`` over its ``ThinRuntimeProfile``: either a Python plugin opens
+  each mount, or the profile's FUSE command mounts them and the mounted directory is read as local
+  files (:class:`MountedDirFileSystem`).
+"""
+
+from __future__ import annotations
+
+from fsspec.implementations.local import LocalFileSystem
+
+from datacache.api.models import API_VERSION, register_scheme
+from datacache_runtimes.fusecmd import FuseCommand
+from datacache_runtimes.plugins import open_plugin_mount
+from datacache_runtimes.secretfiles import secret_files
+
+
+class MountedDirFileSystem(LocalFileSystem):
+    """A FUSE command's mounted directory: local files, versioned by size and mtime.
+
+    As ``file`` they would be versioned ``mtime:size:inode``, but a FUSE mount's inode numbers are
+    its program's own (sshfs numbers files per session), so they change whenever the command
+    restarts, and every cached block would be orphaned by a remount or a reboot. Under a protocol
+    of its own, ``datacache.ufs.versions`` versions a file by size and mtime (what SFTP-like stores
+    offer) and re-checks them after every read, so old and new bytes are still never mixed.
+    """
+
+    protocol = ("thin-mount",)
+
+
+class CacheEngine:
+    """The built-in cache runtime: mounts are read through their own URLs."""
+
+    def opener(self, dataset):
+        return None
+
+    def ready(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+
+class ThinEngine:
+    """A ThinRuntime (``runtime``) over its ThinRuntimeProfile (``profile``), state under ``home``."""
+
+    def __init__(self, runtime, profile, home: str):
+        self.runtime, self.profile, self.home = runtime, profile, home
+        meta = runtime.metadata
+        self.who = f"thinruntime {meta.namespace}/{meta.name} (thinruntimeprofile {profile.metadata.name!r})"
+        self.fuse = FuseCommand(home, meta.namespace, meta.name)
+
+    @property
+    def options(self) -> dict:
+        """The profile's options overridden by the runtime's (a mount's own override both)."""
+        return {**self.profile.spec.options, **self.runtime.spec.options}
+
+    def opener(self, dataset):
+        """A mount opener for ``dataset``; for a FUSE profile this first makes sure the command
+        runs and is mounted (starting or restarting it). Raises ``ResourceError`` as
+        :meth:`FuseCommand.ensure` does, or for a secret that cannot be found."""
+        spec = self.profile.spec
+        if spec.plugin is not None:
+            return lambda mount, where: open_plugin_mount(spec.plugin, mount, self.home, where,
+                                                          self.options, self.who)
+        self.fuse.ensure(spec.fuse, self.config(dataset), self.who)
+        local = MountedDirFileSystem()
+        return lambda mount, where: (local, self.fuse.mount_dir(mount.path))
+
+    def config(self, dataset) -> dict:
+        """The FUSE command's config: mounts (with options and secret file paths), target path."""
+        mounts = []
+        for i, m in enumerate(dataset.spec.mounts):
+            where = f"dataset {dataset.metadata.name!r}: spec.mounts[{i}]"
+            mounts.append({"name": m.name, "mountPoint": m.mount_point, "path": m.path,
+                           "targetPath": self.fuse.mount_dir(m.path), "readOnly": m.read_only,
+                           "options": {**self.options, **m.options},
+                           "secretFiles": secret_files(m, self.home, where)})
+        return {"apiVersion": API_VERSION, "fileSystemType": self.profile.spec.file_system_type,
+                "dataset": {"name": dataset.metadata.name, "namespace": dataset.metadata.namespace},
+                "targetPath": self.fuse.target, "runtimeOptions": self.options,
+                "accessModes": list(dataset.spec.access_modes), "mounts": mounts}
+
+    def ready(self) -> bool:
+        return self.profile.spec.plugin is not None or self.fuse.running()
+
+    def stop(self) -> None:
+        self.fuse.stop()
+
+
+def engine_for(runtime, profile, home: str):
+    """The engine of ``runtime`` (a CacheRuntime, or a ThinRuntime with its ``profile``)."""
+    if runtime.kind == "ThinRuntime":
+        return ThinEngine(runtime, profile, home)
+    return CacheEngine()
+
+
+def stop_runtime(runtime, home: str) -> None:
+    """Stop whatever ``runtime`` started (its FUSE command); needs no profile, so it works after the
+    profile was deleted. Never raises for a runtime that runs nothing."""
+    if runtime.kind == "ThinRuntime":
+        FuseCommand(home, runtime.metadata.namespace, runtime.metadata.name).stop()
+
+
+def register_profile_schemes(profile_docs: list[dict]) -> None:
+    """Let mounts use stored profiles' ``fileSystemType`` as their URL scheme (in a new process)."""
+    for doc in profile_docs:
+        register_scheme(doc["spec"]["fileSystemType"])

@@ -1,0 +1,309 @@
+"""Three cache workers on loopback serving one dataset (local + S3 mounts): every byte correct
+across workers, C13/C14 status against what the workers store, token auth, request validation,
+corrupt blocks, a slow owner, a worker killed mid-read and a worker restarted with its cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from cluster_support import (MiB, apply_cluster, block_bytes, disrupt_mid_read, kill_worker, live, open_client,
+                             stored_keys, wait_restarted, worker_dirs)
+from datacache.api.quantity import format_bytes
+from datacache.cache.disk import DiskTier
+from datacache.cluster import auth
+from datacache.cluster.placement import owners
+from datacache.dataload import warmup
+
+NAME = "rd"
+BLOCK = 256 << 10
+LOCAL = {"empty.bin": 0, "one.bin": 1, "block.bin": BLOCK, "block-minus.bin": BLOCK - 1,
+         "block-plus.bin": BLOCK + 1, "multi.bin": 5 * BLOCK + 12345, "big/large.bin": 16 * MiB + 7}
+S3 = {"a space.bin": 3 * BLOCK + 5, "q?mark%.bin": 777, "中文/x.bin": 2 * BLOCK}
+
+
+@pytest.fixture(scope="module")
+def cluster(module_home, moto_server, tmp_path_factory):
+    """``(plane, {dataset path: bytes})`` for a 3-worker runtime over a local dir and an S3 bucket."""
+    src = tmp_path_factory.mktemp("src")
+    contents = {}
+    for name, size in LOCAL.items():
+        os.makedirs(os.path.dirname(src / name), exist_ok=True)
+        contents[f"local/{name}"] = data = os.urandom(size)
+        (src / name).write_bytes(data)
+    fs = moto_server.s3fs()
+    bucket = f"cluster-{os.getpid()}-{random.randrange(1 << 30)}"
+    fs.mkdir(bucket)
+    for name, size in S3.items():
+        contents[f"s3/{name}"] = data = os.urandom(size)
+        fs.pipe(f"{bucket}/{name}", data)
+    for key in ("key", "secret"):  # daemons read secrets from files, not from this test's env
+        os.makedirs(module_home / "secrets" / "moto", exist_ok=True)
+        (module_home / "secrets" / "moto" / key).write_text("testing")
+    mounts = [{"name": "local", "mountPoint": str(src), "path": "/local"},
+              {"name": "s3", "mountPoint": f"s3://{bucket}", "path": "/s3",
+               "options": {"endpoint_url": moto_server.endpoint_url},
+               "encryptOptions": [{"name": k, "valueFrom": {"secretKeyRef": {"name": "moto", "key": k}}}
+                                  for k in ("key", "secret")]}]
+    plane = apply_cluster(module_home, NAME, mounts)
+    yield plane, contents
+    plane.close()
+
+
+def _metrics(home) -> dict[str, dict[str, float]]:
+    from datacache.cluster.metrics import parse
+
+    out = {}
+    for wid, m in live(home, NAME).items():
+        with urllib.request.urlopen(m.url + "/metrics", timeout=5) as resp:
+            out[wid] = parse(resp.read().decode())
+    return out
+
+
+def _total(metrics, name):
+    return sum(m.get(name, 0) for m in metrics.values())
+
+
+def _read_all(client, contents):
+    for path, data in contents.items():
+        with client.open(path) as f:
+            assert f.read() == data, path
+
+
+def test_every_byte_correct_across_workers(cluster, module_home):
+    plane, contents = cluster
+    n_blocks = sum(-(-len(d) // BLOCK) for d in contents.values())
+    before = _metrics(module_home)
+    http = open_client(plane, NAME, short_circuit=False)
+    _read_all(http, contents)  # cold: every block is filled once, by its owner
+    rng = random.Random(7)
+    for path, data in contents.items():
+        with http.open(path) as f:
+            for _ in range(5):
+                off = rng.randrange(len(data) + 10)
+                assert f.pread(off, 300_000) == data[off:off + 300_000]
+    cold = _metrics(module_home)
+    assert _total(cold, "datacache_worker_misses_total") - _total(before, "datacache_worker_misses_total") == n_blocks
+    assert _total(cold, "datacache_worker_ufs_bytes_total") - _total(before, "datacache_worker_ufs_bytes_total") == \
+        sum(len(d) for d in contents.values())
+
+    local = open_client(plane, NAME)  # short-circuit: block files read directly, workers not asked
+    _read_all(local, contents)
+    assert _total(_metrics(module_home), "datacache_worker_hits_total") == _total(cold, "datacache_worker_hits_total")
+    http.close()
+    http = open_client(plane, NAME, short_circuit=False)
+    _read_all(http, contents)  # warm over HTTP: sendfile hits, no UFS
+    warm = _metrics(module_home)
+    assert _total(warm, "datacache_worker_ufs_bytes_total") == _total(cold, "datacache_worker_ufs_bytes_total")
+    assert _total(warm, "datacache_worker_hits_total") - _total(cold, "datacache_worker_hits_total") == n_blocks
+
+    # Every block sits on exactly its HRW owner, and every worker got a share.
+    expected = block_bytes(http.manifest, BLOCK, NAME)
+    stored = stored_keys(module_home, NAME)
+    workers = sorted(stored)
+    assert len(workers) == 3 and all(stored[w] for w in workers)
+    for key in expected:
+        assert [w for w in workers if key in stored[w]] == owners(key, workers)
+    http.close()
+    local.close()
+
+
+def test_c13_c14_status_after_warmup_equals_blocks_stored_on_workers(cluster, module_home):
+    plane, contents = cluster
+    client = plane.open_dataset(NAME)
+    client.source.drop()
+    assert not any(stored_keys(module_home, NAME).values())
+    client.close()
+
+    name, result = plane.warmup(NAME, ["/"])
+    assert result.ok, result.targets
+    dl = plane.state.get("DataLoad", name)["status"]
+    assert dl["phase"] == "Complete"
+    assert sorted(dl["workers"]) == ["worker-0", "worker-1", "worker-2"]
+    assert sum(w["bytes"] for w in dl["workers"].values()) == sum(len(d) for d in contents.values())
+
+    client = plane.open_dataset(NAME)
+    expected = block_bytes(client.manifest, BLOCK, NAME)
+    stored = stored_keys(module_home, NAME)
+    held = set().union(*stored.values())
+    assert set(expected) <= held  # C13: Complete means every block is on a worker's disk
+    status = plane.refresh_status("Dataset", NAME)
+    total = sum(len(d) for d in contents.values())
+    assert status["cacheStates"]["cached"] == format_bytes(total) == status["ufsTotal"]
+    assert status["cacheStates"]["cachedPercentage"] == "100.0%"
+
+    # C14 with part of the cache gone: drop worker-1's blocks; status equals what remains on disk.
+    member = live(module_home, NAME)["worker-1"]
+    code, _ = _http("POST", member.url + "/v1/drop", _auth(module_home), body={"dataset": NAME})
+    assert code == 200
+    stored = stored_keys(module_home, NAME)
+    remaining = sum(size for key, size in expected.items() if any(key in s for s in stored.values()))
+    assert not stored["worker-1"] and 0 < remaining < total
+    assert client.cached_bytes() == remaining
+    status = plane.refresh_status("Dataset", NAME)
+    assert status["cacheStates"]["cached"] == format_bytes(remaining)
+    assert status["cacheStates"]["cachedPercentage"] == f"{100.0 * remaining / total:.1f}%"
+
+    runtime = plane.refresh_status("CacheRuntime", NAME)
+    assert (runtime["desiredWorkers"], runtime["readyWorkers"], runtime["phase"]) == (3, 3, "Ready")
+    assert runtime["cacheCapacity"] == format_bytes(3 * 256 * MiB)
+    for w in runtime["workers"]:
+        wid = w["name"].removeprefix(f"{NAME}-")
+        tier = DiskTier(worker_dirs(module_home, NAME)[wid], 256 * MiB)
+        on_disk = tier.used()
+        tier.close()
+        assert w["capacity"] == 256 * MiB and abs(w["used"] - on_disk) <= 64 << 10
+    client.close()
+
+
+def _auth(home, token=None):
+    return {"Authorization": f"Bearer {token or auth.load_token(str(home), 'default', NAME)}"}
+
+
+def _http(method, url, headers=None, params=None, body=None):
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _block_params(client, path, index=0):
+    entry = client.stat(path)
+    return {"dataset": NAME, "block_size": BLOCK, "index": index, "mount": entry.mount,
+            "ufs_path": entry.ufs_path, "version": entry.version, "size": entry.size}
+
+
+def test_token_auth_wrong_or_missing_token_gets_401_and_no_data(cluster, module_home):
+    plane, contents = cluster
+    client = plane.open_dataset(NAME)
+    params = _block_params(client, "local/multi.bin")
+    data = contents["local/multi.bin"][:BLOCK]
+    token = auth.load_token(str(module_home), "default", NAME)
+    url = next(iter(live(module_home, NAME).values())).url
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {token}x"},
+                    {"Authorization": f"bearer {token}"}, {"Authorization": token}):
+        code, body = _http("GET", url + "/v1/block", headers, params)
+        assert code == 401 and data[:64] not in body and len(body) < 200
+        for path, payload in (("/v1/exists", {"dataset": NAME, "keys": []}), ("/v1/drop", {"dataset": NAME}),
+                              ("/v1/fill", {"dataset": NAME, "block_size": BLOCK, "files": []})):
+            assert _http("POST", url + path, headers, body=payload)[0] == 401
+    code, body = _http("GET", url + "/v1/block", _auth(module_home), params)
+    assert code == 200 and body == data
+    assert _http("GET", url + "/healthz")[0] == 200
+    code, body = _http("GET", url + "/metrics")
+    assert code == 200 and b"datacache_worker_request_seconds_bucket" in body
+    for name in ("cached_bytes", "capacity_bytes", "hits_total", "misses_total", "ufs_bytes_total",
+                 "fills_in_flight", "evictions_total"):
+        assert f"datacache_worker_{name}".encode() in body, name
+    client.close()
+
+
+def test_every_request_field_is_validated(cluster, module_home):
+    plane, _ = cluster
+    client = plane.open_dataset(NAME)
+    good = _block_params(client, "local/multi.bin")
+    root = client.stat("local/multi.bin").ufs_path.rsplit("/", 1)[0]
+    url, hdr = next(iter(live(module_home, NAME).values())).url, _auth(module_home)
+    bad = [({"ufs_path": "/etc/passwd"}, 400), ({"ufs_path": root + "/../../../etc/passwd"}, 400),
+           ({"ufs_path": root + "/./multi.bin"}, 400), ({"mount": "nope"}, 400), ({"index": 6}, 400),
+           ({"index": -1}, 400), ({"size": "-5"}, 400), ({"size": "x"}, 400), ({"block_size": 4096}, 400),
+           ({"dataset": "other"}, 409), ({"version": ""}, 400)]
+    for change, status in bad:
+        code, body = _http("GET", url + "/v1/block", hdr, {**good, **change})
+        assert code == status, (change, code, body)
+        assert b"root:" not in body
+    for keys, status in ((["../../etc/passwd/0"], 400), ([f"other/{'0' * 32}/0"], 400), ("x", 400)):
+        assert _http("POST", url + "/v1/exists", hdr, body={"dataset": NAME, "keys": keys})[0] == status
+    assert _http("POST", url + "/v1/exists", hdr, body=b"not json")[0] == 400
+    files = [{"mount": "local", "ufs_path": "/etc/passwd", "version": "v", "size": 10, "blocks": [0]}]
+    assert _http("POST", url + "/v1/fill", hdr, body={"dataset": NAME, "block_size": BLOCK, "files": files})[0] == 400
+    client.close()
+
+
+def test_a_corrupt_block_on_a_worker_is_never_returned(cluster, module_home):
+    plane, contents = cluster
+    client = plane.open_dataset(NAME)
+    warmup(client, ["local/multi.bin"])
+    key = str(client.source.key(client.stat("local/multi.bin"), 2))
+    for wid, path in worker_dirs(module_home, NAME).items():
+        tier = DiskTier(path, 1 << 40)
+        block_file = tier.block_file(key)
+        tier.close()
+        if block_file:
+            with open(block_file, "r+b") as f:
+                f.write(b"\xff" * 64)
+    client.close()
+    for short_circuit in (True, False):
+        reader = open_client(plane, NAME, short_circuit=short_circuit)
+        with reader.open("local/multi.bin") as f:
+            assert f.read() == contents["local/multi.bin"]
+        reader.close()
+
+
+def test_a_slow_owner_times_out_to_the_next_worker(cluster, module_home):
+    plane, contents = cluster
+    slow = live(module_home, NAME)["worker-2"]
+    client = open_client(plane, NAME, short_circuit=False, read_timeout=0.5, connect_timeout=0.5)
+    os.kill(slow.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        _read_all(client, contents)
+        assert time.monotonic() - started < 15
+    finally:
+        os.kill(slow.pid, signal.SIGCONT)
+        client.close()
+
+
+def test_kill_9_a_worker_in_the_middle_of_a_read(cluster, module_home):
+    plane, contents = cluster
+    client = open_client(plane, NAME, short_circuit=False)
+    client.source.drop()  # cold: the reads go to the workers, which fill from the UFS
+    path, data = "local/big/large.bin", contents["local/big/large.bin"]
+
+    def chunks():
+        with client.open(path) as f:
+            while chunk := f.read(BLOCK):
+                yield chunk
+                time.sleep(0.01)
+
+    victims = []
+    got = disrupt_mid_read(chunks(), 16, lambda: victims.append(kill_worker(module_home, NAME, "worker-1")))
+    assert b"".join(got) == data
+    (victim,) = victims
+    wait_restarted(module_home, NAME, victim)
+    _read_all(client, {path: data})
+    client.close()
+
+
+def test_a_restarted_worker_keeps_its_blocks(cluster, module_home):
+    plane, contents = cluster
+    client = plane.open_dataset(NAME)
+    assert warmup(client).ok
+    before = stored_keys(module_home, NAME)["worker-0"]
+    assert before
+    victim = kill_worker(module_home, NAME, "worker-0")
+    restarted = wait_restarted(module_home, NAME, victim)
+    assert stored_keys(module_home, NAME)["worker-0"] >= before
+    client.close()
+
+    client = open_client(plane, NAME, short_circuit=False)
+    assert all(client.cached_fraction(e) == 1.0 for e in client.manifest)
+    _read_all(client, contents)
+    after = _metrics(module_home)["worker-0"]
+    assert after["datacache_worker_ufs_bytes_total"] == 0 and after["datacache_worker_misses_total"] == 0
+    assert after["datacache_worker_hits_total"] > 0
+    assert live(module_home, NAME)["worker-0"].pid == restarted.pid
+    client.close()
