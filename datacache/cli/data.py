@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 
@@ -61,6 +62,10 @@ def warmup(dataset, paths, quiet, namespace, home):
 
     Exits 1 when any target is missing or could not be cached completely, naming it.
     """
+    if "/" in dataset:
+        name, _, path = dataset.partition("/")
+        raise click.BadParameter(f"give the dataset and the paths separately: datacache warmup {name} /{path}",
+                                 param_hint="DATASET")
     if not run_warmup(Embedded(home), dataset, list(paths), namespace, quiet):
         sys.exit(1)
 
@@ -110,6 +115,8 @@ def cat(target, namespace, home):
     try:
         with client.open(path) as f:
             shutil.copyfileobj(f, sys.stdout.buffer, 4 << 20)
+    except BrokenPipeError:  # `datacache cat ... | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
         client.close()
 

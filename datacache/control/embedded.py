@@ -186,8 +186,15 @@ class Embedded:
         """Run a DataLoad now and store its status; returns the ``WarmupResult``."""
         meta = dataload.metadata
         started = now_iso()
+        try:
+            client = self.open_dataset(dataload.spec.dataset.name, dataload.spec.dataset.namespace)
+        except Exception as err:  # never left Executing: Failed, saying why
+            self.state.set_status("DataLoad", meta.name, meta.namespace, {
+                "phase": "Failed", "lastScheduleTime": started,
+                "conditions": [{"type": "Complete", "status": "False", "reason": "DatasetUnavailable",
+                                "message": str(err), "lastTransitionTime": now_iso()}]})
+            raise
         self.state.set_status("DataLoad", meta.name, meta.namespace, {"phase": "Executing", "lastScheduleTime": started})
-        client = self.open_dataset(dataload.spec.dataset.name, dataload.spec.dataset.namespace)
         try:
             if dataload.spec.load_metadata:
                 self.sync(client.name, dataload.spec.dataset.namespace)

@@ -21,6 +21,7 @@ from fsspec.registry import known_implementations, registry
 
 from datacache.api.models import plugin_schemes
 from datacache.entry import FileEntry
+from datacache.errors import ResourceError
 from datacache.ufs.credentials import redact, resolve_options
 from datacache.ufs.versions import mtime_of, read_exact, version_of
 
@@ -53,8 +54,8 @@ class UnionNamespace:
 
     ``dataset``: a ``datacache.api`` Dataset; ``home``: DATACACHE_HOME for secret files;
     ``opener``: see :data:`MountOpener` (None: each mount's URL through fsspec or its scheme's plugin).
-    Raises ``ResourceError`` for an unresolvable secret and ``ImportError``/``ValueError`` from
-    fsspec for a protocol whose package is missing (fsspec's message names the package to install).
+    Raises ``ResourceError`` for an unresolvable secret, a protocol whose package is missing
+    (fsspec's message names the package to install) or options the filesystem refuses.
     """
 
     def __init__(self, dataset, home: str, opener: MountOpener | None = None):
@@ -76,15 +77,29 @@ class UnionNamespace:
         url = m.mount_point if "://" in m.mount_point else f"file://{m.mount_point}"
         if url.startswith(("s3://", "s3a://")):
             options = {**_S3_DEFAULTS, **options}
-        return url_to_fs(url, **options)
+        try:
+            return url_to_fs(url, **options)
+        except (ImportError, ValueError, TypeError) as err:  # missing package, bad option value
+            raise ResourceError(redact(f"{where}: cannot open mountPoint {m.mount_point!r}: {err} (check the "
+                                       "mountPoint and its options)", self.secrets)) from None
 
     def list_files(self) -> Iterator[FileEntry]:
-        """Every file of every mount, with its version. A missing mount root lists nothing."""
-        for mount in self.mounts.values():
+        """Every file of every mount, with its version.
+
+        Raises :class:`ResourceError` naming the dataset, the mount and its mountPoint when a mount
+        cannot be listed (missing root, unreachable endpoint, bad credentials); secret values are
+        removed from the message."""
+        for i, mount in enumerate(self.mounts.values()):
+            where = f"dataset {self.name!r}: spec.mounts[{i}] ({mount.name!r})"
             try:
                 found = mount.fs.find(mount.root, detail=True, withdirs=False)
             except FileNotFoundError:
-                continue
+                raise ResourceError(f"{where}: mountPoint {mount.root!r} does not exist in the UFS: "
+                                    "fix the mountPoint or create it") from None
+            except Exception as err:  # each backend has its own error types (botocore, aiohttp, ...)
+                raise ResourceError(redact(f"{where}: cannot list the mountPoint: {type(err).__name__}: {err} "
+                                           "(check the mountPoint, its options and credentials)",
+                                           self.secrets)) from None
             for ufs_path, info in found.items():
                 if info.get("type") != "file":
                     continue
