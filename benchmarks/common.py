@@ -4,6 +4,10 @@
 end:
 
 - starts moto's S3 server as a child process on 127.0.0.1 (``datacache.demo.s3server``),
+- optionally (``latency_ms`` / ``bandwidth_mbps`` not None) puts a delay/bandwidth proxy in front
+  of it (``benchmarks.proxy.DelayProxy``), so that it behaves like a remote object store: the
+  Dataset's endpoint, ``storage_options()`` and ``s3fs()`` then go through the proxy, while the
+  dataset itself is built straight into moto (building is not what is measured),
 - builds the demo dataset with ``datacache.demo.data.build_demo_dataset`` (JPEG tree, Parquet
   files, one WebDataset tar shard in the bucket; a few files in a local directory),
 - renders ``datacache/demo/demo-dataset.yaml`` for that endpoint and directory, and variants of it
@@ -32,6 +36,7 @@ from importlib import resources as importlib_resources
 
 import yaml
 
+from benchmarks.proxy import DelayProxy
 from datacache.api.loader import load_resources
 from datacache.control.embedded import Embedded
 from datacache.demo.data import build_demo_dataset, sha256_bytes
@@ -160,16 +165,21 @@ class DemoEnvironment:
     """The demo dataset on a loopback moto S3 server, in a temporary directory (see module doc).
 
     ``n_jpeg`` JPEGs and a tar shard of at least ``shard_bytes`` bytes; ``keep`` leaves the
-    temporary directory in place (its path is printed by the caller).
+    temporary directory in place (its path is printed by the caller). ``latency_ms`` /
+    ``bandwidth_mbps``: when either is not None, clients reach moto through a ``DelayProxy``
+    with that first-byte latency and per-connection bandwidth (None counts as 0: none / unlimited).
     """
 
     n_jpeg: int = 2000
     shard_bytes: int = 256 << 20
     keep: bool = False
     seed: int = 0
+    latency_ms: float | None = None
+    bandwidth_mbps: float | None = None
 
     work: str = field(init=False, default="")
     s3: MotoServer | None = field(init=False, default=None)
+    proxy: DelayProxy | None = field(init=False, default=None)
     local_dir: str = field(init=False, default="")
     sums: dict[str, str] = field(init=False, default_factory=dict)
     sizes: dict[str, int] = field(init=False, default_factory=dict)
@@ -200,6 +210,8 @@ class DemoEnvironment:
             os.environ[k] = v
         self.local_dir = os.path.join(self.work, "local-mount")
         self.s3 = MotoServer().start()
+        if self.latency_ms is not None or self.bandwidth_mbps is not None:
+            self.proxy = DelayProxy(self.s3.endpoint_url, self.latency_ms or 0.0, self.bandwidth_mbps or 0.0).start()
         t0 = time.perf_counter()
         self.sums = build_demo_dataset(self.s3.s3fs(), BUCKET, self.local_dir, n_jpeg=self.n_jpeg,
                                        shard_bytes=self.shard_bytes, seed=self.seed)
@@ -212,9 +224,11 @@ class DemoEnvironment:
             raise RuntimeError(f"{len(missing)} generated files are not in the bucket, e.g. {missing[0]}")
         template = importlib_resources.files("datacache.demo").joinpath("demo-dataset.yaml").read_text()
         self._yaml_text = string.Template(template).safe_substitute(
-            S3_ENDPOINT=self.s3.endpoint_url, LOCAL_DIR=self.local_dir)
+            S3_ENDPOINT=self.endpoint_url, LOCAL_DIR=self.local_dir)
 
     def __exit__(self, *exc: object) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
         if self.s3 is not None:
             self.s3.stop()
         for k, v in self._saved_env.items():
@@ -241,13 +255,21 @@ class DemoEnvironment:
             raise ValueError(f"{path!r} is not under the S3 mount")
         return f"{BUCKET}/{path[3:]}"
 
-    def storage_options(self) -> dict:
+    @property
+    def endpoint_url(self) -> str:
+        """The S3 endpoint clients use: the proxy's when there is one, else moto's."""
         assert self.s3 is not None
-        return self.s3.storage_options()
+        return self.proxy.endpoint_url if self.proxy is not None else self.s3.endpoint_url
+
+    def storage_options(self) -> dict:
+        """s3fs options for :attr:`endpoint_url` (through the proxy when there is one)."""
+        assert self.s3 is not None
+        return {**self.s3.storage_options(), "endpoint_url": self.endpoint_url}
 
     def s3fs(self, **kwargs):
+        """A fresh s3fs client of :attr:`endpoint_url` (through the proxy when there is one)."""
         assert self.s3 is not None
-        return self.s3.s3fs(**kwargs)
+        return self.s3.s3fs(**{"endpoint_url": self.endpoint_url, **kwargs})
 
     def path(self, *parts: str) -> str:
         """A path inside the temporary directory."""

@@ -3,6 +3,7 @@
 Run from the repository root::
 
     python -m benchmarks.read_path [--files 2000] [--shard-mib 256] [--repeat 3] [--stat median]
+                                   [--latency-ms [20]] [--bandwidth-mbps [100]]
 
 On the demo dataset (``datacache.demo``: a JPEG tree and a WebDataset tar shard in a moto S3
 bucket on loopback) it measures, in one run:
@@ -26,6 +27,11 @@ copying the same files one after another (``get_file``, one GET per file: ``max_
 from the same moto server. moto reads the whole object for every ranged GET, so datacache's
 segmented reads of the shard (several ranged GETs) cost moto more than the single GET of the copy:
 the warmup figures bound what moto can serve on this machine, not what a real object store would.
+With ``--latency-ms`` and/or ``--bandwidth-mbps`` every S3 client (datacache's UFS, the s3fs copy,
+simplecache's fill) reaches moto through ``benchmarks.proxy.DelayProxy``, which adds that first-byte
+latency to every request and paces every connection to that bandwidth: a store that behaves like
+a remote one, where a sequential copy pays the latency once per file and the bandwidth limit once
+per connection. Warm reads never reach S3, so only the warmup rows (and untimed fill passes) change.
 
 Every system gets one untimed pass first that checks sha256 of every file it read against the
 generator's checksums; then ``--repeat`` rounds of one timed pass per system, interleaved, so that
@@ -457,11 +463,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="read size for the shard, the same for every system (default 1024 = 1 MiB)")
     ap.add_argument("--profile", action="store_true",
                     help="cProfile a warm datacache:// pass of every workload that missed a read goal")
+    ap.add_argument("--latency-ms", type=float, nargs="?", const=20.0, default=None, metavar="MS",
+                    help="reach S3 through a delay proxy adding MS ms first-byte latency per request "
+                         "(given alone: 20)")
+    ap.add_argument("--bandwidth-mbps", type=float, nargs="?", const=100.0, default=None, metavar="MBPS",
+                    help="reach S3 through a delay proxy pacing each connection to MBPS MB/s "
+                         "(given alone: 100)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--quiet", action="store_true", help="print only the table and the summary")
     args = ap.parse_args(argv)
     if args.files < 1 or args.shard_mib < 1 or args.repeat < 1 or args.chunk_kib < 1:
         ap.error("--files, --shard-mib, --repeat and --chunk-kib must be >= 1")
+    if (args.latency_ms or 0) < 0 or (args.bandwidth_mbps or 0) < 0:
+        ap.error("--latency-ms and --bandwidth-mbps must be >= 0")
 
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     chunk = args.chunk_kib << 10
@@ -472,10 +486,14 @@ def main(argv: list[str] | None = None) -> int:
         Workload("tar shard", "s3/shards/", ".tar", whole=False, local_goal=0.8),
     ]
     log(f"==> building the demo dataset ({args.files} JPEGs, a {args.shard_mib} MiB shard) on moto S3, loopback")
-    with DemoEnvironment(n_jpeg=args.files, shard_bytes=args.shard_mib << 20, keep=args.keep) as env:
+    with DemoEnvironment(n_jpeg=args.files, shard_bytes=args.shard_mib << 20, keep=args.keep,
+                         latency_ms=args.latency_ms, bandwidth_mbps=args.bandwidth_mbps) as env:
         for wl in workloads:
             wl.paths = env.files(wl.prefix, wl.suffix)
         log(f"    built in {env.build_seconds:.1f}s in {env.work}")
+        proxy_label = env.proxy.describe() if env.proxy is not None else ""
+        if proxy_label:
+            log(f"    S3 clients go through a delay proxy ({proxy_label}) at {env.endpoint_url}")
         rss_marks = [("dataset built", peak_rss_mib()[0])]
         bench = ReadPathBench(env, workloads, args.repeat, args.stat, chunk, log)
         log(f"==> warmup vs sequential s3fs copy ({args.repeat} passes each, fresh cache every pass)")
@@ -509,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
           f"JPEGs read whole (cat_file / open().read()); shard read in {chunk >> 10} KiB chunks on every system")
     print(f"figures: {args.stat} of {args.repeat} timed pass(es); 'runs' = min-max MB/s over the passes; "
           f"MB = 10^6 bytes")
+    if proxy_label:
+        print(f"S3: moto on loopback behind a delay proxy (benchmarks/proxy.py): {proxy_label}; "
+              "every S3 client goes through it")
     print()
     headers = ["workload", "system", "MB/s", "runs", "files/s", "vs local", "vs peer", "goal", "met"]
     print(format_table(headers, rows, right={2, 3, 4, 5, 6}))
@@ -519,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
     print("  warmup: both sides read the same moto S3 server on loopback (moto reads a whole object for "
           f"every ranged GET,\n  so datacache's {segment >> 20} MiB ranged segments of the shard each cost moto "
           "a full read; the s3fs copy is one GET per file).")
+    if proxy_label:
+        print(f"  warmup: both sides reach moto through the same delay proxy ({proxy_label}); the proxy "
+              "is one Python process,\n  so its own CPU (one core at most) bounds the aggregate of parallel "
+              "connections.")
     print(f"  goals met: {sum(verdicts)}/{len(verdicts)}")
     print(f"total time {elapsed:.1f}s; peak RSS: this process {own:,.0f} MiB, "
           f"moto server (reaped child) {children:,.0f} MiB")

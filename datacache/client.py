@@ -47,16 +47,23 @@ class DatasetClient:
     def stat(self, path: str) -> FileEntry | None:
         """The file at ``path``, or None for a directory. Raises FileNotFoundError (case C8)."""
         m = self._manifest
-        entry = m.lookup(path)
-        if entry is not None:
-            return entry
-        if m.is_dir(path):
-            return None
+        try:
+            entry = m.lookup(path)
+            if entry is not None:
+                return entry
+            if m.is_dir(path):
+                return None
+        except ValueError as err:  # '..' or NUL: nothing outside the namespace exists
+            raise FileNotFoundError(errno.ENOENT, str(err), path) from None
         raise FileNotFoundError(errno.ENOENT, "no such file or directory in dataset " + repr(self.name), path)
 
     def listdir(self, path: str = "") -> dict[str, FileEntry | None]:
-        """Children of a directory: name -> FileEntry, or None for a subdirectory."""
-        return self._manifest.listdir(path)
+        """Children of a directory: name -> FileEntry, or None for a subdirectory. Raises
+        FileNotFoundError (also for paths with '..'), NotADirectoryError."""
+        try:
+            return self._manifest.listdir(path)
+        except ValueError as err:
+            raise FileNotFoundError(errno.ENOENT, str(err), path) from None
 
     def open(self, path: str) -> DatasetFile:
         """Open a file for reading, pinned to its current version. Raises FileNotFoundError,
