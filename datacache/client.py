@@ -117,7 +117,10 @@ class DatasetClient:
         except FileNotFoundError:
             entry = None
         with self._lock:
-            self._manifest = self._manifest.with_entry(entry, old.path)
+            # Apply the change to the newest stored snapshot, not to ours: a sync by another
+            # process may have written a newer one, which saving ours would revert.
+            base = (self._load() if self._load is not None else None) or self._manifest
+            self._manifest = base.with_entry(entry, old.path)
             if self._save is not None:
                 self._save(self._manifest)
         return entry

@@ -100,3 +100,27 @@ def test_c5_object_shrunk_after_listing_gives_stale_error_then_new_content(s3_da
     assert client.stat("shrink.bin").size == 100_000  # metadata of that file refreshed
     assert client.open("shrink.bin").read() == smaller
     client.close()
+
+
+def test_per_file_refresh_does_not_revert_a_newer_sync(s3_dataset):
+    plane, fs, bucket = s3_dataset({"a.bin": os.urandom(100_000)}, block_size="64Ki")
+    long_lived = plane.open_dataset("ver")  # e.g. a FUSE daemon, opened before the sync
+    fs.pipe(f"{bucket}/added.bin", b"new file")
+    fs.pipe(f"{bucket}/a.bin", os.urandom(50_000))
+    assert plane.sync("ver").added == ["added.bin"]
+    with long_lived.open("a.bin") as f:  # its stale view hits the changed object
+        with pytest.raises(StaleFileError):
+            f.read()
+    long_lived.close()
+    client = plane.open_dataset("ver")
+    assert sorted(e.path for e in client.manifest) == ["a.bin", "added.bin"]
+    assert client.open("added.bin").read() == b"new file"
+    client.close()
+
+
+def test_folder_marker_objects_are_not_files(s3_dataset):
+    plane, fs, bucket = s3_dataset({"train/": b"", "train/x.bin": b"xx"})
+    client = plane.open_dataset("ver")
+    assert [e.path for e in client.manifest] == ["train/x.bin"]
+    assert sorted(client.listdir("train")) == ["x.bin"]
+    client.close()

@@ -101,8 +101,10 @@ class UnionNamespace:
                                            "(check the mountPoint, its options and credentials)",
                                            self.secrets)) from None
             for ufs_path, info in found.items():
-                if info.get("type") != "file":
+                if info.get("type") != "file" or ufs_path.endswith("/"):  # "folder/" marker objects
                     continue
+                if info.get("size") is None:  # listings that give no size (HTTP index pages)
+                    info = mount.fs.info(ufs_path)
                 yield FileEntry(
                     mount.dataset_path(ufs_path), mount.name, ufs_path, int(info["size"]),
                     mtime_of(info), version_of(mount.fs, info),
