@@ -33,8 +33,8 @@ Systems:
 Every side reads with the same loop: ``open(path, "rb", buffering=0)`` then ``readinto()`` of one
 buffer of ``--chunk-kib`` KiB (default 1 MiB) until EOF, so a small file is one read.
 
-Workloads and goals (median of ``--repeat`` timed passes; rounds are interleaved so that drift in
-the machine's state hits every system alike):
+Workloads and goals (median of ``--repeat`` timed passes; rounds are interleaved, each starting
+with the next system, so that drift in the machine's state hits every system alike):
 
 1. **large file, page cache dropped** (``sync; echo 3 > /proc/sys/vm/drop_caches`` before each
    side): mount vs direct, goal >= 0.8x;
@@ -170,6 +170,14 @@ def remove_tree_parallel(root: str, keep_top: bool = False, threads: int = 16) -
             os.rmdir(d)
         except OSError:
             pass
+
+
+def rotated(items: list, k: int) -> list:
+    """``items`` starting at index ``k`` (mod len): round k of an interleaved comparison starts with
+    another system, so that none always runs right after the same neighbour (rclone, say, whose
+    Go runtime keeps a core busy for a moment after its pass)."""
+    k %= len(items)
+    return items[k:] + items[:k]
 
 
 def vm_hwm_mib(pid: int) -> float | None:
@@ -536,7 +544,7 @@ class FuseReadBench:
         sides = [("direct read (local file)", "direct", large_direct, None),
                  (m_ssd.label, "subject", large_mount, m_ssd.pid)]
         for k in range(args.repeat):
-            for name, role, paths, pid in sides:
+            for name, role, paths, pid in rotated(sides, k):
                 drop_caches()
                 cold = self.timed(lambda p=paths: read_paths(p, self.chunk), pid)
                 warm = self.timed(lambda p=paths: read_paths(p, self.chunk), pid)
@@ -568,12 +576,12 @@ class FuseReadBench:
                    if args.cold_rounds != args.repeat else ""))
         # All warm rounds first: a drop_caches (below) would leave the next "warm" pass cold.
         for k in range(args.repeat):
-            for name, role, paths, pid in systems:
+            for name, role, paths, pid in rotated(systems, k):
                 warm = self.timed(lambda p=paths: read_paths(p, self.chunk), pid)
                 self.row(w_sw, name, role, files_col=True).passes.append(warm)
                 log(f"    round {k + 1}: {name}: warm {warm.files_s:,.0f} files/s")
         for k in range(args.cold_rounds if args.cold_small else 0):
-            for name, role, paths, pid in systems:
+            for name, role, paths, pid in rotated(systems, k):
                 drop_caches()
                 cold = self.timed(lambda p=paths: read_paths(p, self.chunk), pid)
                 self.row(w_sc, name, "info" if role == "subject" else role, files_col=True).passes.append(cold)
