@@ -168,6 +168,7 @@ class DemoEnvironment:
     temporary directory in place (its path is printed by the caller). ``latency_ms`` /
     ``bandwidth_mbps``: when either is not None, clients reach moto through a ``DelayProxy``
     with that first-byte latency and per-connection bandwidth (None counts as 0: none / unlimited).
+    ``n_parquet`` Parquet files of ``parquet_rows`` rows in row groups of ``row_group_size`` rows.
     """
 
     n_jpeg: int = 2000
@@ -176,6 +177,9 @@ class DemoEnvironment:
     seed: int = 0
     latency_ms: float | None = None
     bandwidth_mbps: float | None = None
+    n_parquet: int = 3
+    parquet_rows: int = 200_000
+    row_group_size: int = 50_000
 
     work: str = field(init=False, default="")
     s3: MotoServer | None = field(init=False, default=None)
@@ -214,7 +218,9 @@ class DemoEnvironment:
             self.proxy = DelayProxy(self.s3.endpoint_url, self.latency_ms or 0.0, self.bandwidth_mbps or 0.0).start()
         t0 = time.perf_counter()
         self.sums = build_demo_dataset(self.s3.s3fs(), BUCKET, self.local_dir, n_jpeg=self.n_jpeg,
-                                       shard_bytes=self.shard_bytes, seed=self.seed)
+                                       shard_bytes=self.shard_bytes, seed=self.seed,
+                                       n_parquet=self.n_parquet, parquet_rows=self.parquet_rows,
+                                       row_group_size=self.row_group_size)
         self.build_seconds = time.perf_counter() - t0
         listing = self.s3.s3fs().find(BUCKET, detail=True)
         for key, info in listing.items():
@@ -314,3 +320,26 @@ class DemoEnvironment:
         plane = Embedded(home)
         plane.apply(load_resources(self.runtime_yaml(runtime)))
         return home, plane
+
+
+# -- peers' configuration files ------------------------------------------------------------------
+
+def write_private(path: str, text: str) -> str:
+    """Write ``text`` to ``path`` created 0600 (it holds credentials); returns ``path``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def rclone_s3_config(path: str, remote: str, region: str) -> str:
+    """An rclone config (0600) with one S3 remote named ``remote`` (provider Other, path-style,
+    the moto server's dummy keys); the endpoint is given on the command line. Returns ``path``."""
+    return write_private(path, f"[{remote}]\ntype = s3\nprovider = Other\nenv_auth = false\n"
+                               f"access_key_id = {DUMMY_KEY}\nsecret_access_key = {DUMMY_SECRET}\n"
+                               f"region = {region}\nforce_path_style = true\n")
+
+
+def s3fs_fuse_passwd(path: str) -> str:
+    """An s3fs-fuse ``passwd_file`` (0600) with the moto server's dummy keys. Returns ``path``."""
+    return write_private(path, f"{DUMMY_KEY}:{DUMMY_SECRET}\n")

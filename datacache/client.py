@@ -7,38 +7,66 @@ source (cache + UFS) and read-ahead settings. It knows nothing of FUSE, HTTP or 
 from __future__ import annotations
 
 import errno
+import os
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from datacache.cache.blocks import block_count
 from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry, Manifest, normalize
 from datacache.reader import DatasetFile
 
+AHEAD_THREADS = 8  # threads loading the next block of sequential readers, per client
+
 
 class DatasetClient:
     """One dataset's namespace and data.
 
     ``name``: dataset name; ``manifest``: current snapshot; ``source``: block source (see
-    ``cache.source``); ``ufs``: its ``UnionNamespace`` (for
-    per-file refresh); ``save_manifest``: callable persisting a refreshed manifest;
-    ``readahead``: blocks read ahead on sequential reads; ``load_manifest``: callable returning
-    the stored manifest (for :meth:`reload` after a metadata sync by another process).
+    ``cache.source``); ``ufs``: its ``UnionNamespace`` (for per-file refresh); ``save_manifest``:
+    callable persisting a refreshed manifest; ``readahead``: blocks read ahead on sequential reads;
+    ``load_manifest``: callable returning the stored manifest (for :meth:`reload` after a metadata
+    sync by another process); ``manifest_path``: the stored manifest's file, whose
+    ``(inode, mtime_ns, size)`` tells cheaply whether a sync replaced it; ``reload_interval``:
+    seconds between two such checks by :meth:`stat`, :meth:`listdir` and :meth:`open` (None: they
+    never check; the FUSE daemon, which does not call them, runs :meth:`maybe_reload` on a timer). With
+    ``readahead`` > 0, open files load their next block in a pool of ``AHEAD_THREADS`` threads
+    (see :mod:`datacache.reader`).
     """
 
     def __init__(self, name: str, manifest: Manifest, source, ufs, save_manifest=None, readahead: int = 4,
-                 load_manifest=None):
+                 load_manifest=None, manifest_path: str | None = None, reload_interval: float | None = 1.0):
         self.name = name
         self._manifest = manifest
+        self.generation = 0  # counts changes of the current manifest
         self.source = source
         self.ufs = ufs
         self._save = save_manifest
         self._load = load_manifest
         self.readahead = readahead
         self._lock = threading.Lock()
+        self._path = manifest_path
+        self._stamp = _stamp(manifest_path)
+        self.reload_interval = reload_interval
+        self._checked = time.monotonic()
+        self._listeners: list = []
+        self._ahead_pool = None
 
     @property
     def manifest(self) -> Manifest:
+        """The current snapshot. Read :attr:`generation` first, then this: a snapshot is then at
+        least as new as the generation read."""
         return self._manifest
+
+    def on_change(self, listener) -> None:
+        """Call ``listener(old, new)`` (two Manifests) after each change of the current manifest
+        (:meth:`reload`, :meth:`refresh_file`), on the thread that made it."""
+        self._listeners.append(listener)
+
+    def _changed(self, old: Manifest, new: Manifest) -> None:
+        for listener in self._listeners:
+            listener(old, new)
 
     @property
     def block_size(self) -> int:
@@ -46,6 +74,7 @@ class DatasetClient:
 
     def stat(self, path: str) -> FileEntry | None:
         """The file at ``path``, or None for a directory. Raises FileNotFoundError (case C8)."""
+        self._auto_reload()
         m = self._manifest
         try:
             entry = m.lookup(path)
@@ -60,6 +89,7 @@ class DatasetClient:
     def listdir(self, path: str = "") -> dict[str, FileEntry | None]:
         """Children of a directory: name -> FileEntry, or None for a subdirectory. Raises
         FileNotFoundError (also for paths with '..'), NotADirectoryError."""
+        self._auto_reload()
         try:
             return self._manifest.listdir(path)
         except ValueError as err:
@@ -71,6 +101,15 @@ class DatasetClient:
         entry = self.stat(path)
         if entry is None:
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        return self.open_entry(entry)
+
+    def open_entry(self, entry: FileEntry) -> DatasetFile:
+        """Open the version ``entry`` names (e.g. the one a FUSE inode stands for); its reads raise
+        ``StaleFileError`` once that version can no longer be read from the cache or the UFS."""
+        if self.readahead > 0 and self._ahead_pool is None:
+            with self._lock:
+                if self._ahead_pool is None:
+                    self._ahead_pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="datacache-ahead")
         return _RefreshingFile(entry, self)
 
     def cached_fraction(self, entry: FileEntry) -> float:
@@ -99,12 +138,28 @@ class DatasetClient:
         it did. Files already open stay on the versions they opened."""
         if self._load is None:
             return False
+        stamp = _stamp(self._path)
         fresh = self._load()
         with self._lock:
+            self._stamp = stamp
             if fresh is None or fresh.table.equals(self._manifest.table):
                 return False
-            self._manifest = fresh
-            return True
+            old, self._manifest = self._manifest, fresh
+            self.generation += 1
+        self._changed(old, fresh)
+        return True
+
+    def maybe_reload(self) -> bool:
+        """:meth:`reload` when the stored manifest's file was replaced since the last load (one
+        ``stat``: cheap); returns True when the current manifest changed."""
+        self._checked = time.monotonic()
+        if self._path is None or _stamp(self._path) == self._stamp:
+            return False
+        return self.reload()
+
+    def _auto_reload(self) -> None:
+        if self.reload_interval is not None and time.monotonic() - self._checked >= self.reload_interval:
+            self.maybe_reload()
 
     def refresh_file(self, path: str) -> FileEntry | None:
         """Re-read one file's metadata from the UFS into the manifest (None: it is gone)."""
@@ -120,13 +175,28 @@ class DatasetClient:
             # Apply the change to the newest stored snapshot, not to ours: a sync by another
             # process may have written a newer one, which saving ours would revert.
             base = (self._load() if self._load is not None else None) or self._manifest
-            self._manifest = base.with_entry(entry, old.path)
+            new = base.with_entry(entry, old.path)
+            previous, self._manifest = self._manifest, new
+            self.generation += 1
             if self._save is not None:
-                self._save(self._manifest)
+                self._save(new)
+        self._changed(previous, new)
         return entry
 
     def close(self) -> None:
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=True, cancel_futures=True)  # before the store closes
         self.source.close()
+
+
+def _stamp(path: str | None) -> tuple | None:
+    """``(inode, mtime_ns, size)`` of ``path`` (None when absent): a save replaces the file
+    (temp file + rename), so a new inode tells a new manifest."""
+    try:
+        st = os.stat(path) if path else None
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size) if st else None
 
 
 class _RefreshingFile(DatasetFile):
@@ -134,12 +204,12 @@ class _RefreshingFile(DatasetFile):
     so that the next open reads the new version (case C5)."""
 
     def __init__(self, entry: FileEntry, client: DatasetClient):
-        super().__init__(entry, client.source, client.readahead)
+        super().__init__(entry, client.source, client.readahead, client._ahead_pool)
         self._client = client
 
-    def pread(self, offset: int, size: int) -> bytes:
+    def view(self, offset: int, size: int):
         try:
-            return super().pread(offset, size)
+            return super().view(offset, size)
         except StaleFileError:
             self._client.refresh_file(normalize(self.entry.path))
             raise

@@ -64,7 +64,9 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 8, segme
     """Load ``targets`` (default: the whole dataset) of ``client`` (a DatasetClient) into its cache.
 
     Never raises for a bad target or a failed file: they are reported in the result. ``cancel``
-    stops scheduling new segments; what is loaded stays loaded.
+    (set from another thread or a signal handler) stops scheduling new segments; segments in
+    flight finish, each block is stored whole or not at all, so what is loaded stays loaded and
+    a later run resumes from it.
     """
     started = time.monotonic()
     manifest = client.manifest
@@ -98,8 +100,10 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 8, segme
             continue
         res.cached_bytes = client.cached_bytes(mine)
         missing = [e for e in mine if client.cached_fraction(e) < 1.0]
+        unknown = ("not loaded: the load was cancelled" if cancel is not None and cancel.is_set()
+                   else "not cached (evicted: the cache quota is smaller than the target)")
         for e in missing[:_MAX_LISTED]:
-            res.failures.append(f"{e.path}: {file_errors.get(e.path, 'not cached (evicted: the cache quota is smaller than the target)')}")
+            res.failures.append(f"{e.path}: {file_errors.get(e.path, unknown)}")
         if len(missing) > _MAX_LISTED:
             res.failures.append(f"... and {len(missing) - _MAX_LISTED} more files not cached")
         res.phase = "Complete" if not missing else "Failed"
@@ -139,6 +143,8 @@ def _load(client, entries, parallel, segment_bytes, progress, on_progress, cance
     with ThreadPoolExecutor(parallel, thread_name_prefix="datacache-warmup") as pool:
         pending = set()
         for entry in entries:
+            if cancel is not None and cancel.is_set():
+                break
             if entry.size == 0:
                 progress.files_done += 1
                 continue

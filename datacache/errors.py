@@ -10,6 +10,7 @@ and exits non-zero, without a traceback.
 from __future__ import annotations
 
 import errno
+import re
 
 
 class DatacacheError(Exception):
@@ -27,7 +28,16 @@ class ConfigError(DatacacheError, ValueError):
         self.source = source
         self.problems = list(problems)
         lines = [f"{source}: {path}: {msg}" if path else f"{source}: {msg}" for path, msg in problems]
-        super().__init__("\n".join(lines))
+        super().__init__("\n".join(_printable(line) for line in lines))
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\r``, ``\\x00``): a hostile document's
+    field names and values can then neither split one problem over lines nor forge log lines."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # C0, DEL, C1, line/paragraph separators
 
 
 class ResourceError(DatacacheError):

@@ -3,24 +3,40 @@
 One row per file: ``path`` (dataset path, relative, '/'-separated), ``mount``, ``ufs_path``,
 ``size`` (bytes), ``mtime`` (seconds), ``version`` (see ``ufs.versions``). Stored as Parquet so that
 large namespaces load, list and diff fast; ``fileNum`` and ``ufsTotal`` come from it, never from a
-walk at query time. A directory index (dir -> children) serves FUSE lookups and ``ls``.
-Directories are implied by file paths, as in object stores.
+walk at query time. Directories are implied by file paths, as in object stores.
+
+Rows are kept sorted by ``path`` (Arrow's byte order, which is also Python's ``str`` order and
+S3's listing order), and stay in Arrow buffers: a million files cost their Parquet bytes decoded
+(~100 MiB) instead of ~2 GiB of Python objects. Lookups are binary searches over the sorted path
+column; a directory's children are the contiguous range of paths under ``dir/``, walked by jumping
+over each subdirectory's range (also a binary search), so ``listdir`` costs O(children · log n).
+Listings are kept in a small LRU cache (FUSE asks for the same directory repeatedly).
+
+A diff between two snapshots is a merge of their sorted (path, version) streams
+(:func:`diff_batches`), so two manifests of any size diff in bounded memory.
 """
 
 from __future__ import annotations
 
+import bisect
+import errno
 import fnmatch
+import operator
 import os
-import posixpath
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from datacache.entry import FileEntry
+from datacache.private import FILE_MODE
 
-__all__ = ["FileEntry", "Manifest", "ManifestDiff", "normalize"]
+__all__ = ["FileEntry", "Manifest", "ManifestDiff", "normalize", "diff_batches", "aligned_batches",
+           "entries_table", "SCHEMA", "BATCH_ROWS"]
 
 SCHEMA = pa.schema([
     ("path", pa.string()),
@@ -30,19 +46,54 @@ SCHEMA = pa.schema([
     ("mtime", pa.float64()),
     ("version", pa.string()),
 ])
+_ROW = operator.attrgetter(*SCHEMA.names)  # an entry as a tuple in SCHEMA's column order
+DIFF_SCHEMA = pa.schema([("change", pa.string()), ("path", pa.string())])
+CHANGES = ("added", "changed", "deleted")
+BATCH_ROWS = 65536  # rows per Parquet row group and per batch held while streaming
+DIFF_LIMIT = 10000  # paths of each kind a ManifestDiff keeps in memory when its full list is on disk
+_DIR_CACHE_ENTRIES = 262144  # children held by the listdir LRU cache, all directories together
 
 
 @dataclass(frozen=True)
 class ManifestDiff:
-    """Dataset paths ``added``, ``changed`` (new version) and ``deleted`` between two manifests."""
+    """Dataset paths ``added``, ``changed`` (new version) and ``deleted`` between two manifests,
+    each sorted.
+
+    A diff made by a metadata sync keeps at most ``DIFF_LIMIT`` paths of each kind in memory; then
+    ``counts`` gives the true numbers ``(added, changed, deleted)`` and ``file`` the Parquet file
+    (columns ``change``, ``path``) holding every path: use :meth:`paths` to read a kind whole.
+    """
 
     added: list[str]
     changed: list[str]
     deleted: list[str]
+    counts: tuple[int, int, int] | None = None
+    file: str | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.counts is None:
+            object.__setattr__(self, "counts", (len(self.added), len(self.changed), len(self.deleted)))
 
     @property
     def empty(self) -> bool:
-        return not (self.added or self.changed or self.deleted)
+        return not any(self.counts)
+
+    @property
+    def truncated(self) -> bool:
+        """True when some kind holds more paths than its in-memory list."""
+        return self.counts != (len(self.added), len(self.changed), len(self.deleted))
+
+    def paths(self, change: str) -> Iterator[str]:
+        """Every path of one kind (``added``, ``changed`` or ``deleted``), sorted, streamed from
+        ``file`` when the in-memory list is truncated. Raises ValueError for another kind."""
+        if change not in CHANGES:
+            raise ValueError(f"unknown change {change!r} (known: {', '.join(CHANGES)})")
+        if not self.truncated or self.file is None:
+            yield from getattr(self, change)
+            return
+        for batch in pq.ParquetFile(self.file).iter_batches(batch_size=BATCH_ROWS):
+            kinds, paths = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            yield from (p for k, p in zip(kinds, paths) if k == change)
 
 
 def normalize(path: str) -> str:
@@ -58,102 +109,308 @@ def normalize(path: str) -> str:
     return "/".join(parts)
 
 
+def _after_prefix(prefix: str) -> str:
+    """The smallest string greater than every string starting with ``prefix`` ('' for none):
+    the prefix with its last character incremented (for 'dir/' that is 'dir0')."""
+    while prefix and prefix[-1] == "\U0010ffff":
+        prefix = prefix[:-1]
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else ""
+
+
+def _is_sorted(column: pa.ChunkedArray) -> bool:
+    """Whether ``column`` is in non-decreasing order (vectorised, no Python objects per row)."""
+    prev = None
+    for chunk in column.chunks:
+        if len(chunk) == 0:
+            continue
+        if len(chunk) > 1 and not pc.all(pc.less_equal(chunk[:-1], chunk[1:])).as_py():
+            return False
+        if prev is not None and prev > chunk[0].as_py():
+            return False
+        prev = chunk[-1].as_py()
+    return True
+
+
+class _Strings:
+    """A string Arrow array as a read-only sequence of ``str`` for ``bisect``."""
+
+    def __init__(self, array: pa.Array):
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i: int) -> str:
+        return self.array[i].as_py()
+
+
+def _entries(table: pa.Table) -> Iterator[FileEntry]:
+    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+        cols = [batch.column(n).to_pylist() for n in SCHEMA.names]
+        yield from (FileEntry(*row) for row in zip(*cols))
+
+
+def entries_table(entries: Iterable) -> pa.Table:
+    """A table of SCHEMA from FileEntry-like objects (attributes named as SCHEMA's columns)."""
+    rows = list(map(_ROW, entries))
+    return pa.table([list(col) for col in zip(*rows)] if rows else [[] for _ in SCHEMA.names], schema=SCHEMA)
+
+
+def _private_file(path: str):
+    """``path`` opened for binary writing, created (or truncated) with mode 0600 (case C10)."""
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb")
+
+
 class Manifest:
-    """An immutable snapshot; build with :meth:`from_entries` or :meth:`load`."""
+    """An immutable snapshot over an Arrow table; build with :meth:`from_entries` or :meth:`load`.
+    The table is sorted by path on construction if it is not already."""
 
     def __init__(self, table: pa.Table):
-        self.table = table.sort_by("path")
-        cols = {name: self.table.column(name).to_pylist() for name in SCHEMA.names}
-        self._rows = [FileEntry(*vals) for vals in zip(*(cols[n] for n in SCHEMA.names))]
-        self._by_path = {e.path: e for e in self._rows}
-        self._dirs: dict[str, dict[str, FileEntry | None]] = {"": {}}
-        for e in self._rows:
-            parent, name = posixpath.split(e.path)
-            self._dirs.setdefault(parent, {})[name] = e
-            while parent:  # register missing ancestors as subdirectories of their parents
-                grand, dname = posixpath.split(parent)
-                siblings = self._dirs.setdefault(grand, {})
-                if dname in siblings:
-                    break
-                siblings[dname] = None
-                parent = grand
+        table = table.select(SCHEMA.names)
+        if not _is_sorted(table.column("path")):
+            table = table.sort_by("path")
+        self.table = table
+        # Binary search index: per chunk of the path column, its array and its last path.
+        self._chunks = [c for c in table.column("path").chunks if len(c)]
+        self._starts = [0]
+        for c in self._chunks:
+            self._starts.append(self._starts[-1] + len(c))
+        self._lasts = [c[-1].as_py() for c in self._chunks]
+        self._dir_cache: OrderedDict[str, dict] = OrderedDict()
+        self._dir_cache_size = 0
+        self._dir_lock = threading.Lock()
 
     @classmethod
     def from_entries(cls, entries: Iterable) -> "Manifest":
         """From FileEntry objects (e.g. a UFS listing)."""
-        cols: dict[str, list] = {n: [] for n in SCHEMA.names}
-        for e in entries:
-            for n in SCHEMA.names:
-                cols[n].append(getattr(e, n))
-        return cls(pa.table(cols, schema=SCHEMA))
+        return cls(entries_table(entries))
 
     @classmethod
     def load(cls, path: str) -> "Manifest":
-        return cls(pq.read_table(path, schema=SCHEMA))
+        """Read a manifest file (Parquet, columns of SCHEMA). Raises OSError."""
+        return cls(pq.read_table(path, schema=SCHEMA, memory_map=True))
 
     def save(self, path: str) -> None:
         """Write atomically (temp file + rename), mode 0600."""
-        tmp = f"{path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with open(fd, "wb") as f:
-            pq.write_table(self.table, f)
-        os.replace(tmp, path)
+        with _private_file(f"{path}.tmp") as f:
+            pq.write_table(self.table, f, row_group_size=BATCH_ROWS)
+        os.replace(f"{path}.tmp", path)
 
     @property
     def file_num(self) -> int:
-        return len(self._rows)
+        return self.table.num_rows
 
     @property
     def total_size(self) -> int:
         """Sum of file sizes in bytes (ufsTotal)."""
-        return sum(e.size for e in self._rows)
+        return pc.sum(self.table.column("size")).as_py() or 0
 
+    # -- sorted-path search ----------------------------------------------------------------------
+    def _lower_bound(self, key: str) -> int:
+        """Index of the first row whose path is >= ``key`` (``file_num`` if none)."""
+        c = bisect.bisect_left(self._lasts, key)
+        if c == len(self._chunks):
+            return self._starts[-1]
+        return self._starts[c] + bisect.bisect_left(_Strings(self._chunks[c]), key)
+
+    def _path_at(self, i: int) -> str:
+        c = bisect.bisect_right(self._starts, i) - 1
+        return self._chunks[c][i - self._starts[c]].as_py()
+
+    def _range(self, prefix: str) -> tuple[int, int]:
+        """Rows ``[lo, hi)`` whose path starts with ``prefix``."""
+        if not prefix:
+            return 0, self.file_num
+        return self._lower_bound(prefix), self._lower_bound(_after_prefix(prefix))
+
+    def _rows(self, lo: int, hi: int) -> Iterator[FileEntry]:
+        return _entries(self.table.slice(lo, hi - lo))
+
+    # -- lookups ---------------------------------------------------------------------------------
     def lookup(self, path: str) -> FileEntry | None:
         """The file at dataset ``path`` (normalised), or None (also for directories)."""
-        return self._by_path.get(normalize(path))
+        key = normalize(path)
+        i = self._lower_bound(key)
+        if key and i < self.file_num and self._path_at(i) == key:
+            # Element access per column: ~5 µs, against ~60 µs for slicing a one-row table.
+            return FileEntry(*(self.table.column(n)[i].as_py() for n in SCHEMA.names))
+        return None
 
     def is_dir(self, path: str) -> bool:
-        return normalize(path) in self._dirs
+        key = normalize(path)
+        if not key:
+            return True
+        i = self._lower_bound(key + "/")
+        return i < self.file_num and self._path_at(i).startswith(key + "/")
 
     def listdir(self, path: str) -> dict[str, FileEntry | None]:
         """Children of directory ``path``: name -> FileEntry, or None for a subdirectory.
 
         Raises FileNotFoundError / NotADirectoryError."""
         key = normalize(path)
-        if key in self._dirs:
-            return self._dirs[key]
-        if key in self._by_path:
-            raise NotADirectoryError(f"{path}: not a directory")
-        raise FileNotFoundError(f"{path}: no such file or directory in the dataset")
+        with self._dir_lock:  # readers on several threads (FUSE pool, data loader threads)
+            children = self._dir_cache.get(key)
+            if children is not None:
+                self._dir_cache.move_to_end(key)
+                return children
+        if not self.is_dir(key):
+            if self.lookup(key) is not None:
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+            raise FileNotFoundError(errno.ENOENT, "no such file or directory in the dataset", path)
+        children = self._children(key)
+        with self._dir_lock:
+            if len(children) <= _DIR_CACHE_ENTRIES and key not in self._dir_cache:
+                self._dir_cache[key] = children
+                self._dir_cache_size += len(children)
+                while self._dir_cache_size > _DIR_CACHE_ENTRIES:
+                    self._dir_cache_size -= len(self._dir_cache.popitem(last=False)[1])
+        return children
+
+    def _children(self, key: str) -> dict[str, FileEntry | None]:
+        prefix = f"{key}/" if key else ""
+        i, hi = self._range(prefix)
+        children: dict[str, FileEntry | None] = {}
+        step = 16  # rows converted at a time; doubles over runs of files, resets after a subdirectory
+        while i < hi:
+            n = min(step, hi - i)
+            for offset, entry in enumerate(self._rows(i, i + n)):
+                name, sep, _ = entry.path[len(prefix):].partition("/")
+                if sep:  # a subdirectory: skip all its rows at once
+                    children.setdefault(name, None)
+                    i = self._lower_bound(_after_prefix(f"{prefix}{name}/"))
+                    step = 16
+                    break
+                children[name] = entry
+            else:
+                i += n
+                step = min(step * 2, BATCH_ROWS)
+        return children
 
     def __iter__(self) -> Iterator[FileEntry]:
-        return iter(self._rows)
+        return _entries(self.table)
 
     def select(self, pattern: str) -> list[FileEntry]:
         """Files matching ``pattern``: a file, a directory (everything below it) or a glob
         (fnmatch, '*' also crosses '/'). An empty list when nothing matches."""
         key = normalize(pattern)
-        if key in self._by_path:
-            return [self._by_path[key]]
-        if key in self._dirs:
-            prefix = f"{key}/" if key else ""
-            return [e for e in self._rows if e.path.startswith(prefix)]
-        if any(c in key for c in "*?["):
-            return [e for e in self._rows if fnmatch.fnmatchcase(e.path, key)]
-        return []
+        entry = self.lookup(key) if key else None
+        if entry is not None:
+            return [entry]
+        if self.is_dir(key):
+            return list(self._rows(*self._range(f"{key}/" if key else "")))
+        wild = min((key.find(c) for c in "*?[" if c in key), default=-1)
+        if wild < 0:
+            return []
+        # Only paths that start with the literal part before the first wildcard can match.
+        return [e for e in self._rows(*self._range(key[:wild])) if fnmatch.fnmatchcase(e.path, key)]
 
     def diff(self, newer: "Manifest") -> ManifestDiff:
-        """What changed from this snapshot to ``newer``."""
-        old, new = self._by_path, newer._by_path
-        return ManifestDiff(
-            added=sorted(p for p in new if p not in old),
-            changed=sorted(p for p in new if p in old and new[p].version != old[p].version),
-            deleted=sorted(p for p in old if p not in new),
-        )
+        """What changed from this snapshot to ``newer`` (complete lists, in memory)."""
+        cols = ["path", "version"]
+        return diff_batches(self.table.select(cols).to_batches(BATCH_ROWS),
+                            newer.table.select(cols).to_batches(BATCH_ROWS))
 
     def with_entry(self, entry: FileEntry | None, path: str) -> "Manifest":
-        """A copy with ``path`` replaced by ``entry`` (or removed when ``entry`` is None)."""
-        rows = [e for e in self._rows if e.path != path]
+        """A copy with ``path`` replaced by ``entry`` (or removed when ``entry`` is None); rows
+        are spliced, not re-sorted."""
+        key = normalize(path)
+        i = self._lower_bound(key)
+        end = i + 1 if i < self.file_num and self._path_at(i) == key else i
+        parts = [self.table.slice(0, i)]
         if entry is not None:
-            rows.append(entry)
-        return Manifest.from_entries(rows)
+            parts.append(entries_table([entry]))
+        parts.append(self.table.slice(end))
+        return Manifest(pa.concat_tables(parts))
+
+
+def aligned_batches(streams: list[Iterable[pa.RecordBatch]]) -> Iterator[list[pa.Table]]:
+    """Walk sorted streams in step. Each stream gives record batches whose first column is a path,
+    sorted, unique within the stream. Each step yields one table per stream: its rows whose path
+    is <= the step's frontier (the smallest last path among the batches in hand), so a path
+    appears in exactly one step, in every stream that has it; None for a stream that gave no
+    batch at all. Memory: one batch per stream."""
+    iters = [iter(s) for s in streams]
+    heads: list[pa.Table | None] = [None] * len(iters)
+    while True:
+        for i, it in enumerate(iters):
+            while it is not None and (heads[i] is None or heads[i].num_rows == 0):
+                batch = next(it, None)
+                if batch is None:
+                    iters[i] = it = None
+                else:
+                    heads[i] = pa.Table.from_batches([batch])
+        lasts = [h.column(0)[-1].as_py() for h in heads if h is not None and h.num_rows]
+        if not lasts:
+            return
+        frontier = min(lasts)
+        step = []
+        for i, head in enumerate(heads):
+            if head is None:  # a stream that never gave a batch
+                step.append(None)
+                continue
+            n = pc.sum(pc.less_equal(head.column(0), frontier)).as_py() or 0
+            step.append(head.slice(0, n))
+            heads[i] = head.slice(n)
+        yield step
+
+
+_EMPTY_PAIRS = pa.table({"path": pa.array([], pa.string()), "version": pa.array([], pa.string())})
+
+
+class _DiffCollector:
+    """Collects changes: every path in memory (``out`` None), or the first ``limit`` of each kind
+    in memory and all of them in a Parquet file ``out`` (mode 0600)."""
+
+    def __init__(self, out: str | None, limit: int | None):
+        self.lists: dict[str, list[str]] = {c: [] for c in CHANGES}
+        self.counts = dict.fromkeys(CHANGES, 0)
+        self.out, self.limit = out, limit if out is not None else None
+        self._file = self._writer = None
+        if out is not None:
+            self._file = _private_file(f"{out}.tmp")
+            self._writer = pq.ParquetWriter(self._file, DIFF_SCHEMA)
+
+    def add(self, change: str, paths: pa.Array) -> None:
+        """Record ``paths`` (a string array, sorted, after every path recorded before)."""
+        if not len(paths):
+            return
+        self.counts[change] += len(paths)
+        kept = self.lists[change]
+        room = len(paths) if self.limit is None else max(self.limit - len(kept), 0)
+        kept.extend(paths.slice(0, room).to_pylist())
+        if self._writer is not None:
+            kinds = pa.array([change] * len(paths), pa.string())
+            self._writer.write_table(pa.table([kinds, paths], schema=DIFF_SCHEMA))
+
+    def result(self) -> ManifestDiff:
+        if self._writer is not None:
+            self._writer.close()
+            self._file.close()
+            os.replace(f"{self.out}.tmp", self.out)
+        return ManifestDiff(self.lists["added"], self.lists["changed"], self.lists["deleted"],
+                            tuple(self.counts[c] for c in CHANGES), self.out)
+
+
+def diff_batches(old: Iterable[pa.RecordBatch], new: Iterable[pa.RecordBatch], out: str | None = None,
+                 limit: int = DIFF_LIMIT) -> ManifestDiff:
+    """Diff two manifests given as streams of record batches of (path, version) columns, each
+    sorted by path with unique paths: a merge join done a step of :func:`aligned_batches` at a
+    time with Arrow kernels, in memory bounded by one batch of each.
+
+    With ``out`` (a file path), every change is also written there (Parquet, columns change and
+    path, mode 0600) and the returned lists keep only the first ``limit`` paths of each kind;
+    without it, the lists are complete.
+    """
+    collect = _DiffCollector(out, limit)
+    for o, n in aligned_batches([old, new]):
+        o, n = o if o is not None else _EMPTY_PAIRS, n if n is not None else _EMPTY_PAIRS
+        o_path, n_path = o.column("path").combine_chunks(), n.column("path").combine_chunks()
+        in_old, in_new = pc.is_in(n_path, value_set=o_path), pc.is_in(o_path, value_set=n_path)
+        collect.add("added", n_path.filter(pc.invert(in_old)))
+        # The paths in both, in the same (sorted) order on each side: compare versions row by row.
+        both_new = n.filter(in_old)
+        same = pc.equal(o.column("version").combine_chunks().filter(in_new),
+                        both_new.column("version").combine_chunks())
+        collect.add("changed", both_new.column("path").combine_chunks().filter(pc.invert(same)))
+        collect.add("deleted", o_path.filter(pc.invert(in_new)))
+    return collect.result()

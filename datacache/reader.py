@@ -6,12 +6,21 @@ into blocks; the block under the cursor is kept so small sequential reads cost a
 pattern triggers read-ahead of the next ``readahead`` blocks through the block source, whose
 memory budget is shared by all files: read-ahead past it is skipped, and a file keeps its current
 block only while the budget has room, so open files cannot grow memory past it either.
+
+Given a thread pool (``ahead_pool``), a sequential reader also loads the *next* block into memory
+in the background while the current one is served, so the read that crosses into it finds it
+ready (loading a 4 MiB block from the SSD tier - read, checksum, index update - costs milliseconds
+that would otherwise stall every block boundary). That block is data kept between reads, like
+the current block: it is held against the same budget (``hold``: only while half the budget stays
+free for fills, so it never starves a demand read; skipped otherwise) until it becomes the current
+block or is dropped.
 """
 
 from __future__ import annotations
 
 import io
 import threading
+from concurrent.futures import Future
 
 from datacache.cache.blocks import block_count
 from datacache.manifest import FileEntry
@@ -22,10 +31,12 @@ class DatasetFile(io.RawIOBase):
 
     ``read``/``readinto``/``seek``/``tell`` follow ``io`` semantics: reading at or past EOF returns
     ``b""`` (case C6), seeking past EOF is allowed. ``pread(offset, size)`` reads without moving the
-    cursor (used by FUSE). Errors are the block source's ``OSError`` subclasses.
+    cursor (used by FUSE). Errors are the block source's ``OSError`` subclasses. ``readahead``:
+    blocks read ahead on sequential reads; ``ahead_pool``: an executor for loading the next block
+    into memory (None: no such loading, read-ahead is left to the block source).
     """
 
-    def __init__(self, entry: FileEntry, source, readahead: int = 4):
+    def __init__(self, entry: FileEntry, source, readahead: int = 4, ahead_pool=None):
         super().__init__()
         self.entry = entry
         self.name = entry.path
@@ -38,6 +49,8 @@ class DatasetFile(io.RawIOBase):
         self._held = 0  # bytes of it counted against the source's memory budget
         self._prev, self._run = -1, 0  # last block index read; length of the sequential run
         self._lock = threading.Lock()
+        self._pool = ahead_pool
+        self._ahead: tuple[int, Future] | None = None  # the next block, loading in the pool
 
     @property
     def size(self) -> int:
@@ -85,6 +98,11 @@ class DatasetFile(io.RawIOBase):
 
     def pread(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset``; short only at EOF, ``b""`` at or past it."""
+        return bytes(self.view(offset, size))
+
+    def view(self, offset: int, size: int) -> bytes | memoryview:
+        """As :meth:`pread`, but a range inside one block comes back as a read-only view of the
+        block, not a copy (FUSE replies from any buffer: one copy of a 1 MiB request less)."""
         if self.closed:
             raise ValueError("I/O operation on closed file")
         end = min(offset + size, self.entry.size)
@@ -93,7 +111,7 @@ class DatasetFile(io.RawIOBase):
         first, last = offset // self._bs, (end - 1) // self._bs
         if first == last:
             block = self._block(first)
-            return bytes(block[offset - first * self._bs:end - first * self._bs])
+            return memoryview(block).toreadonly()[offset - first * self._bs:end - first * self._bs]
         parts = []
         for i in range(first, last + 1):
             block = self._block(i)
@@ -102,12 +120,21 @@ class DatasetFile(io.RawIOBase):
             parts.append(block[lo:hi])
         return b"".join(parts)
 
+    def holds(self, index: int) -> bool:
+        """True when block ``index`` is in memory (a read of it costs a slice, no I/O)."""
+        if index == self._cur_index:
+            return True
+        ahead = self._ahead
+        return ahead is not None and ahead[0] == index and ahead[1].done() and ahead[1].exception() is None
+
     def _block(self, index: int) -> bytes:
         # Read (index, bytes) once: another thread may replace the current block meanwhile.
         cur_index, cur = self._cur_index, self._cur
         if index == cur_index:
             return cur
-        block = self._src.get(self.entry, index)
+        block = self._take_ahead(index)
+        if block is None:
+            block = self._src.get(self.entry, index)
         with self._lock:
             self._keep(index, block)
             self._run = self._run + 1 if index == self._prev + 1 else 0
@@ -118,10 +145,57 @@ class DatasetFile(io.RawIOBase):
                 window = range(index + self._readahead, index + self._readahead + 1)
             else:
                 window = range(0)
-        for ahead in window:
-            if ahead < self._nblocks:
-                self._src.prefetch(self.entry, ahead)
+        window = [i for i in window if i < self._nblocks]
+        if self._pool is not None and self._run and index + 1 < self._nblocks:
+            # One job: the hints and the next block's load both stay off the caller's thread.
+            try:
+                self._ahead = (index + 1, self._pool.submit(self._load_ahead, index + 1, window))
+                return block
+            except RuntimeError:  # the pool was shut down (its client closed): hints only
+                pass
+        self._prefetch(window)
         return block
+
+    def _prefetch(self, window) -> None:
+        for i in window:
+            self._src.prefetch(self.entry, i)
+
+    def _load_ahead(self, index: int, window) -> bytes | None:
+        """In the pool: the read-ahead hints, then block ``index`` held against the budget (None
+        when the budget has no room)."""
+        self._prefetch(window)
+        n = min(self._bs, self.entry.size - index * self._bs)
+        if not self._src.budget.hold(n):
+            return None
+        try:
+            return self._src.get(self.entry, index)
+        except BaseException:
+            self._src.budget.release(n)
+            raise
+
+    def _take_ahead(self, index: int):
+        """Block ``index`` if it is the one loaded ahead (waiting for it; its error is raised),
+        else None; any other block loaded ahead is dropped."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead[0] != index:
+            self._discard(ahead[1])
+            return None
+        block = ahead[1].result()
+        if block is not None:
+            self._src.budget.release(len(block))  # _keep takes it over
+        return block
+
+    def _discard(self, fut: Future) -> None:
+        """Drop a block loaded ahead: not started yet, it never runs; else its hold is released
+        when it lands (never waited for: the caller may be FUSE's event loop)."""
+        if not fut.cancel():
+            fut.add_done_callback(self._release_ahead)
+
+    def _release_ahead(self, fut: Future) -> None:
+        if fut.exception() is None and fut.result() is not None:
+            self._src.budget.release(len(fut.result()))
 
     def _keep(self, index: int, block) -> None:
         """Keep ``block`` for the next read if the shared memory budget has room for it, so that
@@ -133,6 +207,9 @@ class DatasetFile(io.RawIOBase):
         self._cur_index, self._cur = (index, block) if self._held else (-1, b"")
 
     def close(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._discard(ahead[1])
         with self._lock:
             if self._held:
                 self._src.budget.release(self._held)

@@ -10,6 +10,9 @@
 - ``benchmarks.fuse_read``: one run at tiny sizes with every system (datacache mounts, rclone,
   direct), checking that every row has measured figures, that the daemons' peak RSS was read, and
   that no mount or process is left behind.
+- ``python -m benchmarks`` (the side-by-side harness): one run at tiny sizes with every installed
+  system; every system's bytes are checked against the source inside the readers, every ratio is
+  finite and positive, RESULTS.md and the PNG are written; a missing tool is "not installed".
 """
 
 from __future__ import annotations
@@ -178,3 +181,96 @@ def test_proxy_answers_502_when_the_upstream_is_down_and_stops_its_child():
         assert err.value.code == 502
         assert b"upstream" in err.value.read()
     assert cpu_seconds(pid) is None  # reaped: no /proc entry left
+
+
+# -- python -m benchmarks: the side-by-side harness ----------------------------------------------
+
+TINY = ["--files", "24", "--shard-mib", "2", "--parquet-files", "1", "--parquet-rows", "2000",
+        "--row-group-rows", "500", "--parquet-reads", "8", "--workers", "1", "--latency-ms", "2", "--repeat", "2",
+        "--quiet"]
+
+
+def test_peer_benchmark_tiny_every_system_checked_and_reported(tmp_path):
+    """One run at tiny sizes: every installed system reads every byte (checked against the
+    source's checksums inside the readers: a mismatch fails the system), every ratio is a finite
+    positive number, the tables, the chart and RESULTS.md are written, nothing stays mounted."""
+    import math
+
+    from benchmarks.__main__ import parse_args, run
+    from benchmarks.peers import WORKLOADS
+    from benchmarks.report import ratios
+    from datacache_fuse.mountinfo import mounts
+
+    args = parse_args([*TINY, "--out", str(tmp_path)])
+    report = run(args, lambda s: None)
+
+    assert [o.system for o in report.outcomes][0] == "local copy (the limit)"
+    assert len(report.outcomes) == 7
+    installed = {"rclone": shutil.which("rclone"), "s3fs": shutil.which("s3fs")}
+    for o in report.outcomes:
+        if o.system.startswith(("rclone", "s3fs")) and not installed[o.system.split()[0].replace("-fuse", "")]:
+            assert o.status.startswith("not installed"), o
+            continue
+        assert o.status == "ok", o
+        assert set(o.measures) == {w.key for w in WORKLOADS}
+        m = o.measures
+        assert m["cold"].items == m["warm"].items == report.sizes["imagenet"][0] == 24
+        assert m["cold"].nbytes == m["warm"].nbytes == report.sizes["imagenet"][1] > 24 * 20_000
+        assert m["shard"].items == 1 and m["shard"].nbytes == report.sizes["shards"][1] >= 2 << 20
+        assert m["parquet"].items == 8 and 0 < m["parquet"].nbytes < 8 * report.sizes["parquet"][1]
+        assert m["warmup"].items == 1 + 1  # the shard and the Parquet file
+        assert m["warmup"].nbytes == report.sizes["shards"][1] + report.sizes["parquet"][1]
+        assert all(v.seconds > 0 for v in m.values())
+        assert o.reader_rss_mib is not None and 20 < o.reader_rss_mib < 4096
+        if o.system.startswith(("datacache FUSE", "rclone", "s3fs")):
+            assert o.daemon_rss_mib is not None and o.daemon_rss_mib > 1
+        if o.system.startswith("datacache"):
+            assert o.warmup_rss_mib is not None and 20 < o.warmup_rss_mib < 4096
+    rs = ratios(report.outcomes)
+    assert len(rs) == 5 * sum(o.status == "ok" for o in report.outcomes)
+    for r in rs:
+        assert r.vs_local is not None and math.isfinite(r.vs_local) and r.vs_local > 0, r
+        assert r.vs_peer is not None and math.isfinite(r.vs_peer) and r.vs_peer > 0, r
+    assert [r.vs_local for r in rs if r.system.startswith("local")] == [1.0] * 5
+    assert sum(r.best_peer for r in rs) == 5 and all(r.vs_peer == 1.0 for r in rs if r.best_peer)
+
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert text == report.text
+    assert "| workload | system | rate | vs local | vs best peer | goal |" in text
+    assert "datacache FUSE mount" in text and "fsspec blockcache::s3" in text and "machine:" in text
+    assert "FUSE daemon" in text and f"Goals met: {report.goals_met}/3." in text
+    png = (tmp_path / "RESULTS.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert not [m for m in mounts() if m.mountpoint.startswith(report.work + os.sep)]  # this run's only
+    assert not os.path.exists(report.work)  # data, caches and mount points are gone
+
+
+def test_peer_benchmark_reports_a_missing_system_as_not_installed(monkeypatch):
+    from benchmarks.peers import Outcome
+    from benchmarks.report import markdown_table, memory_rows, ratio_rows
+    from benchmarks.systems import RcloneMount
+
+    monkeypatch.setattr(RcloneMount, "program", "rclone-that-is-not-installed")
+    system = RcloneMount(env=None, mounts=None)
+    assert system.missing == "not installed (rclone-that-is-not-installed not found)"
+    outcomes = [Outcome("local copy (the limit)", "local"), Outcome(RcloneMount.name, "peer", status=system.missing)]
+    headers, rows, met, goals = ratio_rows(outcomes)
+    missing_rows = [r for r in rows if r[1] == RcloneMount.name]
+    assert len(missing_rows) == 5 and all(r[2] == system.missing for r in missing_rows)
+    table = markdown_table(*memory_rows(outcomes))
+    assert f"| {RcloneMount.name} | {system.missing} | - | - | - |" in table
+    assert (met, goals) == (0, 0)
+
+
+def test_peer_benchmark_rejects_bad_arguments(capsys):
+    from benchmarks.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--systems", "rclone,local"])
+    assert "--systems must start with 'local'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--systems", "local,nfs"])
+    assert "unknown ['nfs']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--files", "0"])
+    assert "--files must be >= 1" in capsys.readouterr().err

@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from datacache.api.quantity import format_bytes
+from datacache.control.supervisor import wait_until
 from support import dataset_yaml, s3_mount
 
 NAMES = ["q?mark.txt", "per%cent.txt", "hash#tag.txt", "plus+sign.txt", "a space.txt", "é-accent.txt",
@@ -134,3 +136,113 @@ def test_secret_values_never_printed(named_dataset, datacache_home, monkeypatch)
     assert proc.returncode == 1
     assert "secret 'moto' key 'key' not found: set the environment variable DATACACHE_SECRET_MOTO_KEY" in \
         proc.stderr.decode()
+
+
+def test_delete_refuses_a_mounted_dataset_unless_forced(datacache_home, tmp_path):
+    from datacache.control.mounts import fuse_mounts_of, lazy_unmount
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_bytes(b"hello\n" * 1000)
+    yaml_path = tmp_path / "ds.yaml"
+    yaml_path.write_text(dataset_yaml("mnt", [{"name": "local", "mountPoint": str(tmp_path / "src")}],
+                                      [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi"}]))
+    dc("apply", "-f", str(yaml_path), home=datacache_home, check=True)
+    dc("warmup", "-q", "mnt", home=datacache_home, check=True)
+    mountpoint = str(tmp_path / "mp")
+    started = dc("mount", "mnt", mountpoint, "--background", home=datacache_home)
+    assert started.returncode == 0, started.stderr.decode()
+    try:
+        with open(os.path.join(mountpoint, "a.txt"), "rb") as f:
+            assert f.read() == b"hello\n" * 1000
+        cache_dir = datacache_home / "cache" / "default" / "mnt"
+        assert any(name.startswith("mnt/") for name in _disk_keys(cache_dir))
+        refused = dc("delete", "dataset", "mnt", home=datacache_home)
+        assert refused.returncode == 1
+        assert refused.stderr.decode() == (f"error: dataset default/mnt is mounted at {mountpoint}: unmount it first "
+                                           f"(datacache unmount {mountpoint}) or delete with --force\n")
+        assert dc("get", "dataset", "mnt", home=datacache_home).returncode == 0  # still there
+
+        forced = dc("delete", "dataset", "mnt", "--force", home=datacache_home)
+        assert forced.stdout.decode() == "dataset.datacache.io/mnt deleted\n", forced.stderr.decode()
+        assert fuse_mounts_of("default", "mnt") == []
+        gone = dc("get", "dataset", "mnt", home=datacache_home)
+        assert gone.returncode == 1 and "not found" in gone.stderr.decode()
+        assert not any(name.startswith("mnt/") for name in _disk_keys(cache_dir))
+    finally:
+        for path in fuse_mounts_of("default", "mnt"):
+            lazy_unmount(path)
+
+
+def _disk_keys(path) -> list[str]:
+    from datacache.cache.disk import DiskTier
+
+    tier = DiskTier(str(path), 1 << 30)
+    try:
+        return list(tier.keys())
+    finally:
+        tier.close()
+
+
+def test_controller_once_auto_syncs_and_wide_columns(datacache_home, tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_bytes(b"a" * 100)
+    docs = dataset_yaml("auto", [{"name": "local", "mountPoint": str(tmp_path / "src")}],
+                        [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi"}])
+    docs = docs.replace('"spec": {"mounts"', '"spec": {"autoSyncInterval": 1, "mounts"', 1)
+    (tmp_path / "ds.yaml").write_text(docs)
+    dc("apply", "-f", str(tmp_path / "ds.yaml"), home=datacache_home, check=True)
+    (tmp_path / "src" / "b.txt").write_bytes(b"b" * 50)
+    time.sleep(1.1)  # autoSyncInterval: 1 s since the apply's sync
+    ran = dc("controller", "--once", home=datacache_home, check=True)
+    assert "dataset default/auto synced: 1 added, 0 changed, 0 deleted" in ran.stderr.decode()
+    table = dc("get", "datasets", "-o", "wide", home=datacache_home, check=True).stdout.decode().splitlines()
+    assert table[0].split()[-5:] == ["AGE", "FILES", "CACHE", "HIT", "RATIO"]
+    assert table[1].split()[:6] == ["auto", "150B", "0B", "64.00MiB", "0.0%", "Bound"]
+    assert table[1].split()[-2:] == ["2", "0.0%"]
+
+
+def test_warmup_sigterm_leaves_a_cancelled_dataload_and_resumes(datacache_home, s3_bucket, moto_server,
+                                                               moto_secrets, tmp_path):
+    import signal
+
+    from datacache.control.embedded import Embedded
+
+    fs, bucket = s3_bucket
+    objects = {f"{bucket}/f{i:03d}.bin": os.urandom(16 * 1024) for i in range(120)}
+    fs.pipe(objects)
+    (tmp_path / "ds.yaml").write_text(dataset_yaml("slow", [s3_mount(moto_server, bucket)],
+                                                   [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi"}]))
+    dc("apply", "-f", str(tmp_path / "ds.yaml"), home=datacache_home, check=True)
+    # The UFS is paused from the start, so the signal surely lands mid-way: the first segments
+    # hang in flight, finish once it resumes, and nothing after them is started.
+    os.kill(moto_server.pid, signal.SIGSTOP)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "datacache", "warmup", "-q", "slow"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env={**os.environ, "DATACACHE_HOME": str(datacache_home)})
+        plane = Embedded(str(datacache_home))
+
+        def executing():
+            docs = plane.state.list("DataLoad")
+            return docs and (docs[0].get("status") or {}).get("phase") == "Executing"
+        assert wait_until(executing, 60), "warmup never started"
+        time.sleep(1.0)  # its first segments are in flight, waiting on the paused UFS
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+    finally:
+        os.kill(moto_server.pid, signal.SIGCONT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and "Traceback" not in err.decode()
+    assert "warmup incomplete for: /" in err.decode()
+    [doc] = plane.state.list("DataLoad")
+    status = doc["status"]
+    assert status["phase"] == "Failed" and status["conditions"][0]["reason"] == "Cancelled"
+    cached = status["targets"][0]["cachedBytes"]
+    total = sum(len(v) for v in objects.values())
+    assert 0 < cached < total
+
+    again = dc("warmup", "-q", "slow", home=datacache_home, check=True).stdout.decode()
+    assert f"{format_bytes(total - cached)} loaded from the UFS" in again and "Complete" in again

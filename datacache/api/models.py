@@ -55,6 +55,7 @@ __all__ = [
     "TieredStore",
     "FuseSpec",
     "WorkerSpec",
+    "AutoscalePolicy",
     "CacheRuntimeSpec",
     "RuntimeStatus",
     "CacheRuntime",
@@ -449,6 +450,8 @@ class CacheStates(_Model):
     cache_capacity: str | None = None
     cached_percentage: str | None = None
     cache_hit_ratio: str | None = None
+    local_hit_ratio: str | None = None
+    remote_hit_ratio: str | None = None
 
 
 class DatasetStatus(_Model):
@@ -563,8 +566,46 @@ class WorkerSpec(_Model):
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
 
 
+class AutoscalePolicy(_Model):
+    """``CacheRuntime.spec.autoscale``: how many workers to run from the workers' capacity-used rate.
+
+    The rate is Σ used bytes / Σ capacity bytes over the ready workers. Above
+    ``target_used_ratio`` the runtime grows by ``scale_up_step`` workers (at most
+    ``max_replicas``); with ``scale_down: Gated`` it shrinks by one worker only after the rate
+    stayed below ``target_used_ratio - scale_down_margin`` for a whole ``cooldown`` (seconds), and
+    never below ``min_replicas``. No two scalings happen within one ``cooldown``.
+    :func:`datacache.control.autoscale.decide` evaluates it.
+    """
+
+    min_replicas: Annotated[int, Field(ge=0)] = 1
+    max_replicas: Annotated[int, Field(ge=1)]
+    target_used_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
+    scale_up_step: Annotated[int, Field(ge=1)] = 1
+    cooldown: Annotated[float, Field(ge=0)] = 300.0
+    scale_down: Literal["Disabled", "Gated"] = "Disabled"
+    scale_down_margin: Annotated[float, Field(ge=0, lt=1)] = 0.2
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> "AutoscalePolicy":
+        problems: list[tuple[Loc, str]] = []
+        if self.max_replicas < self.min_replicas:
+            problems.append((("maxReplicas",), (
+                f"maxReplicas {self.max_replicas} is below minReplicas {self.min_replicas}: "
+                "raise maxReplicas or lower minReplicas"
+            )))
+        if self.scale_down == "Gated" and self.scale_down_margin >= self.target_used_ratio:
+            problems.append((("scaleDownMargin",), (
+                f"scaleDownMargin {self.scale_down_margin:g} must be below targetUsedRatio "
+                f"{self.target_used_ratio:g}, else scale-in can never happen"
+            )))
+        if problems:
+            raise FieldProblems(problems)
+        return self
+
+
 class CacheRuntimeSpec(_Model):
-    """``CacheRuntime.spec``: worker count, block size, tiers, FUSE and worker settings.
+    """``CacheRuntime.spec``: worker count, block size, tiers, FUSE and worker settings, and an
+    optional autoscale policy (``replicas`` is then the starting count, kept within its bounds).
 
     ``block_size`` is a quantity between 64Ki and 64Mi and a multiple of 4096 bytes (default 4Mi).
     """
@@ -574,6 +615,7 @@ class CacheRuntimeSpec(_Model):
     tieredstore: TieredStore
     fuse: FuseSpec = Field(default_factory=FuseSpec)
     worker: WorkerSpec = Field(default_factory=WorkerSpec)
+    autoscale: AutoscalePolicy | None = None
 
     @property
     def block_size_bytes(self) -> int:
@@ -590,6 +632,8 @@ class RuntimeStatus(_Model):
     cache_capacity: str | None = None
     cached: str | None = None
     workers: list[dict[str, Any]] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+    last_scale_time: Timestamp | None = None  # when the autoscaler last changed replicas
 
 
 class CacheRuntime(_Model):
@@ -676,6 +720,15 @@ class ThinRuntimeSpec(CacheRuntimeSpec):
     profile_name: DnsSubdomain
     options: PlainOptions = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _no_autoscale(self) -> "ThinRuntimeSpec":
+        if self.autoscale is not None:
+            raise FieldProblems([(("autoscale",), (
+                "a ThinRuntime's cache runs in the reading process (replicas 0 or 1): autoscale is "
+                "only for CacheRuntimes; remove it"
+            ))])
+        return self
+
 
 class ThinRuntime(_Model):
     """A runtime whose UFS comes from a ThinRuntimeProfile, for the Dataset of the same name."""
@@ -695,14 +748,16 @@ _CRON_FIELDS = (
     ("day of month", 1, 31, ()),
     ("month", 1, 12, ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")),
     ("day of week", 0, 7, ("sun", "mon", "tue", "wed", "thu", "fri", "sat")),
+    ("second", 0, 59, ()),  # optional 6th field, as croniter reads it
 )
 _CRON_ITEM = re.compile(r"^(?:\*|(?P<lo>\w+)(?:-(?P<hi>\w+))?)(?:/(?P<step>\d+))?$")
 
 
 def _check_cron(schedule: str) -> None:
-    """Raise ``ValueError`` unless ``schedule`` is a 5-field cron expression."""
+    """Raise ``ValueError`` unless ``schedule`` is a 5-field cron expression (or 6 fields, the
+    last being seconds, as :mod:`croniter` reads it)."""
     fields = schedule.split()
-    if len(fields) != 5:
+    if len(fields) not in (5, 6):
         raise ValueError(
             f"'{schedule}' has {len(fields)} field(s): a cron schedule has 5 "
             "(minute hour day-of-month month day-of-week, e.g. '0 3 * * *')"
@@ -748,8 +803,10 @@ class DataLoadTarget(_Model):
 class DataLoadSpec(_Model):
     """``DataLoad.spec``: what to load (empty ``target`` means everything) and when.
 
-    ``policy``: ``Once``; ``Cron`` on ``schedule`` (5-field cron, required for Cron only);
-    ``OnEvent`` whenever the dataset's manifest changes.
+    ``policy``: ``Once`` (when applied); ``Cron`` on ``schedule`` (5-field cron, or 6 with
+    seconds last; required for Cron only), fired by ``datacache controller``; ``OnEvent``
+    whenever a metadata sync finds added or changed files under its targets.
+    ``load_metadata``: sync the dataset's metadata before loading.
     """
 
     dataset: DataLoadDataset
@@ -799,6 +856,8 @@ class DataLoadStatus(_Model):
     last_successful_time: Timestamp | None = None
     workers: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Per cache worker (distributed runtimes): ``{"blocks", "bytes"}`` it stored for this load."""
+    progress: dict[str, int] = Field(default_factory=dict)
+    """While Executing: ``filesDone``, ``filesTotal``, ``bytesDone``, ``bytesTotal`` (bytes)."""
 
 
 class DataLoad(_Model):

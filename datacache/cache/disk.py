@@ -11,21 +11,42 @@ Layout and safety:
   (cases C1, C2), across processes, with at most the block being written in flight.
 - Every block is verified against its xxh3 checksum when read; a corrupt block is dropped and
   reported as a miss, so the caller refetches it and never returns wrong bytes.
+- A process killed while storing a block leaves a file with no index row; such files, once older
+  than ``ORPHAN_GRACE_S``, are deleted by a sweep when a tier opens the directory.
+- A failing device never fails a read. A device that fills before the quota (ENOSPC, SQLite "disk
+  is full") evicts to the low watermark and tries once more, else skips caching that block; any
+  other write or index error (read-only or vanished directory, EIO) marks the tier unhealthy: it
+  then caches nothing and reports misses, so blocks come from the UFS, and is tried again after
+  ``RECHECK_S`` seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import io
+import logging
 import os
+import sqlite3
 import threading
+import time
 
 import diskcache
 
 from datacache import private
 from datacache.cache.blocks import checksum
 
+log = logging.getLogger(__name__)
+RECHECK_S = 30.0  # seconds an unhealthy tier is left alone before a write is tried again
+ORPHAN_GRACE_S = 600.0  # an unindexed block file older than this is a crash's leftover
+
+
+def _is_full(err: BaseException) -> bool:
+    """ENOSPC/EDQUOT, or SQLite's "database or disk is full"."""
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT)
+    return "full" in str(err)
 
 
 class _PrivateDisk(diskcache.Disk):
@@ -36,21 +57,30 @@ class _PrivateDisk(diskcache.Disk):
         if not os.path.isdir(directory):
             private.makedirs(directory)
         fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, private.FILE_MODE)
-        with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
-            if isinstance(iterator, io.BytesIO):  # one write: iterating a BytesIO yields "lines"
-                return writer.write(iterator.getbuffer())
-            size = 0
-            for chunk in iterator:
-                size += len(chunk)
-                writer.write(chunk)
-            return size
+        try:
+            with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
+                if isinstance(iterator, io.BytesIO):  # one write: iterating a BytesIO yields "lines"
+                    return writer.write(iterator.getbuffer())
+                size = 0
+                for chunk in iterator:
+                    size += len(chunk)
+                    writer.write(chunk)
+                return size
+        except BaseException:
+            # A half-written file (disk full, kill) is not in the index: nothing would ever count
+            # or delete it, so it would eat the disk outside the quota.
+            with contextlib.suppress(OSError):
+                os.unlink(full_path)
+            raise
 
 
 class DiskTier:
     """Block files under ``path`` bounded by ``quota`` bytes with ``high``/``low`` watermarks.
 
     ``medium`` is "SSD" or "HDD" (only reported). Raises ``OSError`` if the directory cannot be
-    created. Counters: ``hits``, ``misses``, ``evictions``, ``corrupt`` (this process only).
+    created. Counters (this process only): ``evictions``, ``corrupt`` (blocks dropped for a bad
+    checksum), ``full_bypasses`` (writes that met a full device), ``write_errors``; ``healthy``
+    is False after a device error (see the module docstring).
     """
 
     def __init__(self, path: str, quota: int, high: float = 0.95, low: float = 0.7, medium: str = "SSD"):
@@ -82,6 +112,15 @@ class DiskTier:
                 os.chmod(os.path.join(self.path, name), private.FILE_MODE)
         self.evictions = 0
         self.corrupt = 0
+        self.orphans_removed = 0
+        self.full_bypasses = 0
+        self.write_errors = 0
+        self.healthy = True
+        self._unhealthy_since = 0.0
+        known = {f for (f,) in self._cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL")}
+        self.sweeper = threading.Thread(target=self._sweep_orphans, args=(known,), daemon=True,
+                                        name="datacache-orphan-sweep")
+        self.sweeper.start()
 
     @contextlib.contextmanager
     def _exclusive(self):
@@ -108,17 +147,28 @@ class DiskTier:
         """The block's bytes (a memoryview over one buffer: callers slice out what they need
         without another copy), or None when absent or corrupt (a corrupt or truncated block is
         deleted). Marks the block recently used."""
-        handle, tag = self._cache.get(key, read=True, tag=True)
-        if handle is None:
+        try:
+            try:
+                handle, tag = self._cache.get(key, read=True, tag=True)
+            except (OSError, sqlite3.Error) as err:
+                if not _is_full(err):
+                    raise
+                # A full device cannot record the access time; the block is still there to read.
+                handle, tag = self._peek.get(key, read=True, tag=True)
+            if handle is None:
+                return None
+            with handle:
+                buf = bytearray(os.fstat(handle.fileno()).st_size)
+                data = memoryview(buf)[:handle.readinto(buf)]
+            if checksum(data) != tag:
+                self.corrupt += 1
+                log.warning("cache tier %s: block %s failed its checksum: dropped, refetched", self.path, key)
+                self._cache.delete(key)
+                return None
+            return data
+        except (OSError, sqlite3.Error) as err:  # a failing device is a miss: the UFS serves it
+            self._mark_unhealthy(err)
             return None
-        with handle:
-            buf = bytearray(os.fstat(handle.fileno()).st_size)
-            data = memoryview(buf)[:handle.readinto(buf)]
-        if checksum(data) != tag:
-            self.corrupt += 1
-            self._cache.delete(key)
-            return None
-        return data
 
     def block_file(self, key: str) -> str | None:
         """Path of the block's file (for short-circuit reads and sendfile), or None."""
@@ -145,27 +195,90 @@ class DiskTier:
         return True
 
     def put(self, key: str, data: bytes | memoryview) -> bool:
-        """Store a block; False when it cannot fit under the high watermark even in an empty tier."""
+        """Store a block; False when it is not kept: larger than the high watermark even in an
+        empty tier, the device is full (after evicting to the low watermark and trying once
+        more), or the tier is unhealthy. Never raises for a write failure: the caller still has
+        the bytes, so the read is served and only caching is skipped."""
         size = len(data)
-        if size > self._high:
+        if size > self._high or not self._usable():
             return False
         with self._exclusive():
-            if key in self._cache:
+            try:
+                if key in self._cache:
+                    return True
+                if self.used() + size > self._high:
+                    self._evict_to(self._low - size)
+                self._write(key, data)
+                if not self.healthy:
+                    log.warning("cache tier %s (%s) takes writes again", self.path, self.medium)
+                    self.healthy = True
                 return True
-            if self.used() + size > self._high:
-                self._evict_to(self._low - size)
+            except (OSError, sqlite3.Error) as err:
+                if _is_full(err):  # still full, or the index could not grow: skip it, stay healthy
+                    self.full_bypasses += 1
+                else:
+                    self._mark_unhealthy(err)
+                return False
+
+    def _write(self, key: str, data: bytes | memoryview) -> None:
+        try:
             self._cache.set(key, bytes(data), tag=checksum(data))
-        return True
+        except (OSError, sqlite3.Error) as err:
+            if not _is_full(err):
+                raise
+            # The device filled before the quota did (a smaller disk, or one shared with others):
+            # make room down to the low watermark and try once more.
+            self.full_bypasses += 1
+            self._evict_to(min(self._low, self.used()) - len(data))
+            self._cache.set(key, bytes(data), tag=checksum(data))
+
+    def _sweep_orphans(self, known: set[str]) -> None:
+        """Delete block files that no index row names (``known``: the indexed file names).
+
+        A process killed while storing a block leaves its file (written before its row) behind;
+        nothing would ever count or delete it, so crashes would grow the directory past the quota.
+        Files younger than ``ORPHAN_GRACE_S`` may be another process's write in flight: kept.
+        Runs in a thread at start-up, touching only the file system."""
+        cutoff = time.time() - ORPHAN_GRACE_S
+        for root, _, names in os.walk(self.path):
+            for name in names:
+                full = os.path.join(root, name)
+                if not name.endswith(".val") or os.path.relpath(full, self.path) in known:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(full).st_mtime < cutoff:
+                        os.unlink(full)
+                        self.orphans_removed += 1
+
+    def _usable(self) -> bool:
+        """False while unhealthy; an unhealthy tier is tried again after ``RECHECK_S`` seconds."""
+        return self.healthy or time.monotonic() - self._unhealthy_since > RECHECK_S
+
+    def _mark_unhealthy(self, err: BaseException) -> None:
+        if self.healthy:
+            log.warning("cache tier %s (%s) is unhealthy, reads go to the UFS: %s", self.path, self.medium, err)
+        self.healthy = False
+        self.write_errors += 1
+        self._unhealthy_since = time.monotonic()
 
     def _evict_to(self, target: int) -> None:
-        before = len(self._cache)
-        overhead = self.used() - self._cache.volume()  # the WAL, which diskcache does not count
-        self._cache.reset("size_limit", max(target - overhead, 0))
-        try:
-            self._cache.cull()
-        finally:
-            self._cache.reset("size_limit", 2**62)
-        self.evictions += before - len(self._cache)
+        """Delete least recently used blocks, one at a time, until ``used() <= target``.
+
+        Not ``diskcache.Cache.cull``: it deletes 10 rows per round, so with large blocks it went
+        far below the low watermark (up to 9 blocks too many) and threw away cached data."""
+        excess = self.used() - target
+        if excess <= 0:
+            return
+        doomed, freed = [], 0
+        # diskcache's LRU order: the access_time column its least-recently-used policy keeps.
+        for key, size in self._cache._sql("SELECT key, size FROM Cache ORDER BY access_time"):
+            if freed >= excess:
+                break
+            doomed.append(key)
+            freed += size
+        for key in doomed:
+            if self._cache.delete(key):
+                self.evictions += 1
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every block whose key starts with ``prefix``; returns how many."""

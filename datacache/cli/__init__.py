@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from datacache.cli import cluster, data, resources
+from datacache.cli import cluster, controller, crds, data, resources
 from datacache.errors import DatacacheError
 
 
@@ -38,7 +38,7 @@ def cli() -> None:
     """datacache: cache datasets close to training, warm them up, read them as files."""
 
 
-for command in (*resources.COMMANDS, *data.COMMANDS, *cluster.COMMANDS):
+for command in (*resources.COMMANDS, *data.COMMANDS, *cluster.COMMANDS, *crds.COMMANDS, *controller.COMMANDS):
     cli.add_command(command)
 
 try:  # FUSE needs the 'fuse' extra (pyfuse3, Debian's libfuse3)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import sys
+import threading
+import time
 
 import click
 from rich.console import Console
@@ -24,10 +28,25 @@ def split_target(target: str) -> tuple[str, str]:
     return dataset, path
 
 
+@contextlib.contextmanager
+def cancel_on_signals():
+    """An Event set by Ctrl-C (SIGINT) or SIGTERM while the block runs, so a long job can stop
+    cleanly (its status written, nothing half-stored) instead of dying mid-write."""
+    cancel = threading.Event()
+    handler = lambda *_: cancel.set()  # noqa: E731
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield cancel
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str = "default",
                quiet: bool = False) -> bool:
     """Warm up with a live progress bar (files, bytes, rate, ETA) on stderr and a summary on
-    stdout; returns True when every target is Complete."""
+    stdout; returns True when every target is Complete. Ctrl-C / SIGTERM cancel it: the
+    DataLoad's status says Failed (Cancelled) and a new warmup resumes where it stopped."""
     columns = (TextColumn("[bold]warmup"), BarColumn(), TextColumn("{task.fields[files]} files"),
                DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), disable=quiet) as bar:
@@ -36,7 +55,8 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
         def on_progress(p):
             bar.update(task, total=p.bytes_total, completed=p.bytes_done, files=f"{p.files_done}/{p.files_total}")
 
-        name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress)
+        with cancel_on_signals() as cancel:
+            name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel)
     rate = result.loaded_bytes / result.duration if result.duration else 0.0
     click.echo(f"dataload.datacache.io/{name}: {'Complete' if result.ok else 'Failed'} in {result.duration:.1f}s, "
                f"{format_bytes(result.loaded_bytes)} loaded from the UFS ({format_bytes(rate)}/s)")
@@ -76,9 +96,23 @@ def warmup(dataset, paths, quiet, namespace, home):
 @home_option
 def sync(dataset, namespace, home):
     """Re-list DATASET's mounts: a new manifest; changed files get new versions."""
-    diff = Embedded(home).sync(dataset, namespace)
-    click.echo(f"dataset.datacache.io/{dataset} synced: {len(diff.added)} added, {len(diff.changed)} changed, "
-               f"{len(diff.deleted)} deleted")
+    diff = Embedded(home).sync(dataset, namespace, on_progress=_sync_progress(dataset))
+    added, changed, deleted = diff.counts  # true counts: a huge diff keeps only its first paths in memory
+    click.echo(f"dataset.datacache.io/{dataset} synced: {added} added, {changed} changed, {deleted} deleted")
+
+
+def _sync_progress(dataset: str, every_s: float = 2.0):
+    """``on_progress`` for a long sync: ``dataset.datacache.io/NAME: N files listed`` on stderr, at
+    most every ``every_s`` seconds, silent for a sync that finishes in less."""
+    start = last = time.monotonic()
+
+    def report(listed: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - start >= every_s and now - last >= every_s:
+            last = now
+            click.echo(f"dataset.datacache.io/{dataset}: {listed} files listed", err=True)
+    return report
 
 
 @click.command(name="ls")

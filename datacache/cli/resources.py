@@ -79,12 +79,14 @@ def describe(kind, name, namespace, home):
 @click.command()
 @click.argument("kind", type=_kind)
 @click.argument("name")
+@click.option("--force", is_flag=True, help="Delete a Dataset even while it is mounted (unmounts it lazily).")
 @namespace_option
 @home_option
-def delete(kind, name, namespace, home):
-    """Delete a resource (a Dataset's manifest and cached blocks go with it)."""
+def delete(kind, name, force, namespace, home):
+    """Delete a resource. A Dataset's cached blocks (on every worker), manifests, hit counters and
+    DataLoads go with it; a mounted Dataset is refused unless --force."""
     kind, namespace = _kind_ns(kind, namespace)
-    click.echo(Embedded(home).delete(kind, name, namespace))
+    click.echo(Embedded(home).delete(kind, name, namespace, force=force))
 
 
 def _kind_ns(kind: str, namespace: str) -> tuple[str, str]:

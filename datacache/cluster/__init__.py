@@ -8,11 +8,13 @@ from its owner. One module per job:
 |-----------------|------------------------------------------------------------------------------|
 | ``placement``   | rendezvous (HRW) hashing: the owners and failover order of a block key        |
 | ``membership``  | which workers are alive (embedded: SQLite rows with a heartbeat and a TTL)    |
+| ``discovery``   | which workers are alive on Kubernetes: SRV records of the headless Service    |
 | ``auth``        | the bearer token of a runtime's data endpoints                                |
 | ``wire``        | request fields and errors on the wire, validated                              |
 | ``store``       | a worker's disk tier, handing out block files + checksums for sendfile        |
 | ``metrics``     | a worker's Prometheus metrics, and parsing them back                          |
 | ``worker``      | the aiohttp worker process                                                    |
+| ``peers``       | a worker's peers: read-repair of blocks away from home, hand-off to owners    |
 | ``client``      | the aiohttp client of the worker API, on a background event loop              |
 | ``routing``     | per block: which workers to ask in which order, and short-circuit readers     |
 | ``readahead``   | background fetches of the next remote blocks, within the memory budget        |

@@ -5,11 +5,16 @@ the client owns an event loop in one daemon thread and callers wait on
 ``asyncio.run_coroutine_threadsafe``; a warmup segment sent to three owners is three requests in
 flight on that loop, not three threads. Connections are pooled per worker.
 
+Every call is bounded: ``connect_timeout`` seconds to connect and ``read_timeout`` seconds between
+bytes of an answer (a worker answering a long fill sends a space every second meanwhile, so a slow
+fill is not a stall). A worker that accepts connections but never answers costs one
+``read_timeout``, and the error says so: ``cache worker worker-1 timed out after 10s``.
+
 Failures are sorted by what the caller should do next:
 
 | outcome                                                 | raised                              |
 |---------------------------------------------------------|-------------------------------------|
-| connect error, timeout, disconnect, 5xx, bad checksum   | :class:`WorkerUnavailable`: next    |
+| connect error, timeout, disconnect, 5xx                 | :class:`WorkerUnavailable`: next    |
 | 404 (a block evicted while being sent), bad checksum    | :class:`BlockVanished`: retry it    |
 | 400 / 409 (a field the worker refuses)                  | :class:`WorkerRejected`: skip it    |
 | 401                                                     | ``PermissionError`` (EACCES)        |
@@ -72,17 +77,17 @@ class WorkerClient:
     """Requests to the workers of ``dataset`` (blocks cut at ``block_size`` bytes).
 
     ``token``: bearer token; ``connect_timeout``/``read_timeout``: seconds for connecting and
-    between bytes of a block; ``fill_timeout``: seconds a warmup batch may take on a worker.
-    Coroutines must run on one loop (see :class:`LoopThread`).
+    between bytes of an answer. Coroutines must run on one loop (see :class:`LoopThread`).
     """
 
     def __init__(self, token: str, dataset: str, block_size: int, connect_timeout: float = 1.0,
-                 read_timeout: float = 10.0, fill_timeout: float = 300.0):
+                 read_timeout: float = 10.0):
         self.dataset = dataset
         self.block_size = block_size
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
         self._headers = auth.header(token)
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
-        self._fill_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=fill_timeout)
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
@@ -93,12 +98,17 @@ class WorkerClient:
                                                   read_bufsize=self.block_size)
         return self._session
 
-    async def _request(self, method: str, url: str, path: str, where: str, *, timeout=None, **kwargs):
+    async def _request(self, method: str, url: str, path: str, where: str, **kwargs):
         """``(status, headers, body bytes)``; connection-level failures become WorkerUnavailable."""
         try:
-            async with self._http().request(method, url + path, timeout=timeout or self._timeout, **kwargs) as resp:
+            async with self._http().request(method, url + path, **kwargs) as resp:
                 return resp.status, resp.headers, await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+        except aiohttp.ConnectionTimeoutError as err:
+            raise WorkerUnavailable(f"cache worker {where} did not accept a connection within "
+                                    f"{self.connect_timeout:g}s") from err
+        except asyncio.TimeoutError as err:  # aiohttp's SocketTimeoutError: no byte for read_timeout
+            raise WorkerUnavailable(f"cache worker {where} timed out after {self.read_timeout:g}s") from err
+        except (aiohttp.ClientError, OSError) as err:
             raise WorkerUnavailable(f"cache worker {where}: {type(err).__name__}: {err}") from err
 
     @staticmethod
@@ -134,6 +144,24 @@ class WorkerClient:
             raise BlockVanished(where)
         return body, headers.get("X-Cache") == "hit"
 
+    async def get_key(self, url: str, where: str, key: str) -> bytes | None:
+        """Block ``key`` (``str(BlockKey)``) if the worker holds it, else None: the worker neither
+        fills it nor asks its peers (used by workers to find blocks away from home)."""
+        status, headers, body = await self._request("GET", url, "/v1/block", where,
+                                                     params={"dataset": self.dataset, "key": key})
+        if status == 404:
+            return None
+        self._check(status, body, where)
+        return body if checksum(body) == headers.get("X-Block-Checksum") else None  # damaged on the way
+
+    async def pull(self, url: str, where: str, holder: str, keys: list[str]) -> list[bool]:
+        """Ask the worker (the owner of ``keys``) to copy them from worker ``holder``; per key,
+        whether the owner holds it now (the holder may then drop its copy)."""
+        status, _, body = await self._request("POST", url, "/v1/pull", where,
+                                              json={"dataset": self.dataset, "from": holder, "keys": keys})
+        self._check(status, body, where)
+        return _json_field(body, "held", where)
+
     async def exists(self, url: str, where: str, keys: list[str]) -> list[bool]:
         """Whether the worker holds each of ``keys`` (``str(BlockKey)``)."""
         out: list[bool] = []
@@ -145,18 +173,18 @@ class WorkerClient:
             out += _json_field(body, "cached", where)
         return out
 
-    async def fill(self, url: str, where: str, entry: FileEntry, indexes: list[int]) -> int:
-        """Have the worker cache blocks ``indexes`` of ``entry``; returns the bytes it stored.
-        Raises the UFS's error type (or ENOSPC) when the worker could not."""
+    async def fill(self, url: str, where: str, entry: FileEntry, indexes: list[int]) -> tuple[int, int]:
+        """Have the worker cache blocks ``indexes`` of ``entry``; returns ``(bytes it stored, of
+        which read from the UFS)`` (the rest it copied from peers). Raises the UFS's error type (or
+        ENOSPC) when the worker could not."""
         files = [{**wire.entry_fields(entry), "blocks": indexes}]
         status, _, body = await self._request(
-            "POST", url, "/v1/fill", where, timeout=self._fill_timeout,
-            json={"dataset": self.dataset, "block_size": self.block_size, "files": files})
+            "POST", url, "/v1/fill", where, json={"dataset": self.dataset, "block_size": self.block_size, "files": files})
         self._check(status, body, where, entry.path)
         (result,) = _json_field(body, "results", where)
         if result.get("error"):
             wire.raise_error(result["error"], entry.path, where)
-        return int(result.get("stored", 0))
+        return int(result.get("stored", 0)), int(result.get("ufs", 0))
 
     async def drop(self, url: str, where: str) -> int:
         """Delete every block of the dataset on the worker; returns how many."""

@@ -6,7 +6,8 @@ deletes the row when it stops cleanly. A worker that died without deleting its r
 crash, a lost node) expires when its heartbeat is older than ``TTL_S``; clients also stop asking a
 worker as soon as a connection to it fails, so the TTL only bounds how long a dead worker is
 listed, never how long reads fail. On Kubernetes the same role is played by the workers' headless
-Service (not implemented here).
+Service: :func:`open_membership` returns a :class:`~datacache.cluster.discovery.DnsMembership`
+there, with the same ``live(namespace, runtime)`` and ``close()``.
 
 Times are wall-clock seconds (``time.time()``), shared by every process of the machine.
 """
@@ -14,10 +15,12 @@ Times are wall-clock seconds (``time.time()``), shared by every process of the m
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 
 from datacache.control.state import StateStore
+from datacache.errors import ConfigError
 
 HEARTBEAT_S = 1.0
 TTL_S = 5.0
@@ -86,3 +89,22 @@ class Membership(StateStore):
         now = time.time()
         return [m for m in self.members(namespace, runtime) if now - m.heartbeat < self.ttl]
 
+
+
+def open_membership(home: str):
+    """Where clients and workers find the live workers: ``Membership(home)`` (embedded, the
+    default) or, with ``DATACACHE_MEMBERSHIP=dns`` (set by the operator in every pod), a
+    ``DnsMembership`` asking ``DATACACHE_DNS_NAMESERVER`` (``host:port``; default: the pod's
+    ``/etc/resolv.conf``) for names under ``DATACACHE_CLUSTER_DOMAIN`` (default ``cluster.local``).
+    Both offer ``live(namespace, runtime) -> list[Member]`` and ``close()``. Raises ``ConfigError``
+    naming the variable when ``DATACACHE_MEMBERSHIP`` is neither ``embedded`` nor ``dns``."""
+    kind = os.environ.get("DATACACHE_MEMBERSHIP", "embedded")
+    if kind == "embedded":
+        return Membership(home)
+    if kind != "dns":
+        raise ConfigError("environment", [("DATACACHE_MEMBERSHIP", f"{kind!r} is not a membership kind "
+                                                                   "(set embedded or dns)")])
+    from datacache.cluster.discovery import DnsMembership  # dnspython: only needed on Kubernetes
+
+    return DnsMembership(os.environ.get("DATACACHE_DNS_NAMESERVER") or None,
+                         os.environ.get("DATACACHE_CLUSTER_DOMAIN", "cluster.local"))

@@ -36,7 +36,13 @@ class _StoreCollector:
                                 value=store.capacity)
         yield CounterMetricFamily("datacache_worker_evictions", "Blocks evicted by the watermarks",
                                   value=sum(getattr(lv, "evictions", 0) for lv in store.levels))
+        yield CounterMetricFamily("datacache_worker_corrupt_blocks", "Blocks dropped for a bad checksum (refetched)",
+                                  value=sum(getattr(lv, "corrupt", 0) for lv in store.levels))
+        yield GaugeMetricFamily("datacache_worker_disk_healthy", "1 while every disk level takes writes, else 0",
+                                value=int(all(getattr(lv, "healthy", True) for lv in store.levels)))
         yield CounterMetricFamily("datacache_worker_ufs_bytes", "Bytes read from the UFS", value=source.ufs_bytes)
+        yield CounterMetricFamily("datacache_worker_peer_bytes", "Bytes copied from other workers (read-repair, "
+                                  "hand-off)", value=self._w.peer_bytes)
 
 
 class WorkerMetrics:

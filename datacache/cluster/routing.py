@@ -2,8 +2,10 @@
 
 Failover order for a block is its HRW ranking over the live workers (see :mod:`.placement`),
 minus workers this client has just seen fail. A worker that refuses a connection, times out or
-drops a response is *suspected* for ``suspect_s`` seconds and skipped, so a dead owner costs one
-failed connection, not one per block, long before its heartbeat expires. A suspicion is tied to the
+drops a response is *suspected* and skipped, so a dead owner costs one failed connection, not one
+per block, long before its heartbeat expires. A suspicion lasts ``suspect_s`` seconds and doubles
+with each failure in a row (up to ``SUSPECT_MAX_S``), so a worker that keeps stalling costs one
+timeout per minute, not one per ``suspect_s``; an answer clears it. A suspicion is tied to the
 worker's address: a worker restarted on a new port is trusted again at once.
 
 Short-circuit rule: when a worker runs on this node (same host name) and its cache directory is
@@ -15,6 +17,7 @@ worker and the HTTP framing; the worker still owns writes, eviction and fills.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -24,15 +27,24 @@ from datacache.cache.disk import DiskTier
 from datacache.cluster import placement
 from datacache.cluster.membership import Member, Membership
 
+log = logging.getLogger(__name__)
+
+SUSPECT_MAX_S = 60.0
+
 
 class Router:
-    """Live workers of runtime ``namespace``/``runtime`` in ``membership`` (which the router closes),
-    refreshed every ``refresh_s`` seconds; ``short_circuit``: whether local block files may be read
-    directly; ``node``: this host's name."""
+    """Live workers of runtime ``namespace``/``runtime`` in ``membership`` (a ``Membership`` or a
+    ``DnsMembership``, see :func:`.membership.open_membership`; the router closes it), refreshed
+    every ``refresh_s`` seconds; ``short_circuit``: whether local block files may be read
+    directly; ``node``: this host's name; ``strict``: whether a membership that cannot be read
+    (``OSError``, e.g. DNS down past its stale bound) fails the caller, or is logged and the last
+    list kept (a worker's peers: read-repair and hand-off only save UFS reads)."""
 
     def __init__(self, membership: Membership, namespace: str, runtime: str, refresh_s: float = 1.0,
-                 suspect_s: float = 5.0, short_circuit: bool = True, node: str | None = None):
+                 suspect_s: float = 5.0, short_circuit: bool = True, node: str | None = None,
+                 strict: bool = True):
         self._membership = membership
+        self.strict = strict
         self._runtime = (namespace, runtime)
         self.refresh_s = refresh_s
         self.suspect_s = suspect_s
@@ -40,7 +52,7 @@ class Router:
         self.node = node or socket.gethostname()
         self._members: list[Member] = []
         self._fetched = float("-inf")
-        self._suspects: dict[tuple[str, str], float] = {}
+        self._suspects: dict[tuple[str, str], tuple[float, int]] = {}  # -> (until, failures in a row)
         self._tiers: dict[str, DiskTier | None] = {}
         self._lock = threading.Lock()
 
@@ -48,23 +60,41 @@ class Router:
         """Live workers (cached for ``refresh_s``)."""
         with self._lock:
             if time.monotonic() - self._fetched > self.refresh_s:
-                self._members = self._membership.live(*self._runtime)
+                try:
+                    self._members = self._membership.live(*self._runtime)
+                except OSError as err:
+                    if self.strict:
+                        raise
+                    log.warning("%s: keeping the %d workers known before", err, len(self._members))
                 self._fetched = time.monotonic()
             return self._members
 
     def healthy(self) -> list[Member]:
         """Live workers not currently suspected."""
         now = time.monotonic()
-        return [m for m in self.members() if self._suspects.get((m.worker_id, m.url), 0.0) <= now]
+        return [m for m in self.members() if self._suspects.get((m.worker_id, m.url), (0.0, 0))[0] <= now]
 
     def candidates(self, key: str) -> list[Member]:
         """Healthy workers, best owner of ``key`` first."""
         by_id = {m.worker_id: m for m in self.healthy()}
         return [by_id[w] for w in placement.rank(key, by_id)]
 
+    def lookup(self, key: str, replicas: int = 1) -> list[Member]:
+        """Healthy workers that may hold ``key``, in the order to ask (:func:`placement.lookup`)."""
+        by_id = {m.worker_id: m for m in self.healthy()}
+        return [by_id[w] for w in placement.lookup(key, by_id, replicas)]
+
     def suspect(self, member: Member) -> None:
-        """Skip ``member`` for ``suspect_s`` seconds."""
-        self._suspects[(member.worker_id, member.url)] = time.monotonic() + self.suspect_s
+        """Skip ``member`` for ``suspect_s`` seconds, doubled for each failure in a row."""
+        with self._lock:
+            failures = self._suspects.get((member.worker_id, member.url), (0.0, 0))[1] + 1
+            wait = min(self.suspect_s * 2 ** (failures - 1), SUSPECT_MAX_S)
+            self._suspects[(member.worker_id, member.url)] = (time.monotonic() + wait, failures)
+
+    def trust(self, member: Member) -> None:
+        """``member`` answered: forget its failures."""
+        if self._suspects:
+            self._suspects.pop((member.worker_id, member.url), None)
 
     def local_tier(self, member: Member) -> DiskTier | None:
         """A reader of ``member``'s disk level when the short-circuit rule allows one, else None."""

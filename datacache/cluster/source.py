@@ -14,9 +14,14 @@ Read path, per block (see :mod:`.routing` for the order and the short-circuit ru
 
 Warmup (``fill``) sends each block to its owner(s), one request per owner, in parallel; blocks of
 a worker that fails are re-placed over the remaining workers, and if none is left the fill raises
-``OSError(EHOSTDOWN)`` naming the file, so warmup reports exactly what is missing.
-``worker_progress()`` gives bytes and blocks stored per worker. ``is_cached`` asks the owners of all
-blocks of the file in one batched query per owner and keeps the answer for ``exists_ttl`` seconds.
+``OSError(EHOSTDOWN)`` naming the file and why each worker failed (``cache worker worker-1 timed
+out after 10s``), so warmup reports exactly what is missing and why. ``worker_progress()`` gives
+bytes and blocks stored per worker, ``worker_failures()`` the last error of each worker that failed.
+
+``is_cached`` asks, for every block of the file, the workers that may hold it (its owner and the
+next candidates, :func:`placement.lookup`), one batched query per worker, and keeps the answer for
+``exists_ttl`` seconds: a block counts as cached wherever it really is among the places a read
+finds it (an owner that misses copies it from there, see :mod:`.peers`), so status and reads agree.
 Read-ahead fetches the next blocks in the background (see :mod:`.readahead`).
 """
 
@@ -35,7 +40,7 @@ from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.cluster import auth
 from datacache.cluster.client import BlockVanished, LoopThread, WorkerClient, WorkerRejected, WorkerUnavailable
-from datacache.cluster.membership import Member, Membership
+from datacache.cluster.membership import Member, open_membership
 from datacache.cluster.readahead import ReadAhead
 from datacache.cluster.routing import Router
 from datacache.errors import UFSUnavailableError
@@ -67,6 +72,7 @@ class ClusterBlockSource:
         self._direct = LocalBlockSource(dataset, TieredStore([MemoryTier(0)]), ufs, self.block_size, budget)
         self._remote_ufs_bytes = 0
         self._progress: Counter = Counter()
+        self._failures: dict[str, str] = {}  # worker id -> last error of this client's fills
         self._ahead = ReadAhead(budget, self.block_size)
         self._exists: OrderedDict[str, tuple[float, list[bool]]] = OrderedDict()
         self._lock = threading.Lock()
@@ -113,17 +119,18 @@ class ClusterBlockSource:
             if isinstance(result, BaseException):
                 errors.append(result)
                 continue
-            stored += result
+            stored += result[0]
             with self._lock:
-                self._progress[(member.worker_id, "bytes")] += result
+                self._progress[(member.worker_id, "bytes")] += result[0]
                 self._progress[(member.worker_id, "blocks")] += len(idx)
-        with self._lock:
-            self._remote_ufs_bytes += stored
+                self._remote_ufs_bytes += result[1]
         if errors:
             raise errors[0]
         if unplaced:
-            raise OSError(errno.EHOSTDOWN, f"no live cache worker to hold blocks {unplaced[:8]} "
-                                           "(see 'datacache get runtimes')", entry.path)
+            with self._lock:
+                why = "; ".join(self._failures.values()) or "see 'datacache get runtimes'"
+            raise OSError(errno.EHOSTDOWN, f"no live cache worker could take blocks {unplaced[:8]}: {why}",
+                          entry.path)
         return stored
 
     def is_cached(self, entry: FileEntry, index: int) -> bool:
@@ -174,6 +181,12 @@ class ClusterBlockSource:
             ids = sorted({w for w, _ in self._progress})
             return {w: {"blocks": self._progress[(w, "blocks")], "bytes": self._progress[(w, "bytes")]} for w in ids}
 
+    def worker_failures(self) -> dict[str, str]:
+        """Per worker id whose share of this client's fills went elsewhere: its last failure
+        (``cache worker worker-1 timed out after 10s``)."""
+        with self._lock:
+            return dict(self._failures)
+
     def drop(self) -> int:
         """Delete the dataset's blocks on every live worker; returns how many went."""
         members = self.router.members()
@@ -198,6 +211,7 @@ class ClusterBlockSource:
                 continue
             except (WorkerRejected, UFSUnavailableError):
                 break  # this worker cannot serve it (or cannot reach the UFS): read it from here
+            self.router.trust(member)
             if not hit:
                 self._forget(entry)
                 with self._lock:
@@ -231,17 +245,27 @@ class ClusterBlockSource:
             for (member, idx), result in zip(plan.values(), results):
                 if isinstance(result, WorkerUnavailable):
                     self.router.suspect(member)
+                    with self._lock:
+                        self._failures[member.worker_id] = str(result)
                     pending.update(idx)
                 else:
                     done.append((member, idx, result))
         return done, sorted(pending)
 
     def _query_file(self, entry: FileEntry) -> list[bool]:
+        """Per block of ``entry``: held by one of the workers a read would find it on."""
         keys = [str(self.key(entry, i)) for i in range(block_count(entry.size, self.block_size))]
-        done, _ = self._scatter(entry, range(len(keys)),
-                                lambda m, idx: self._client.exists(m.url, m.worker_id, [keys[i] for i in idx]))
+        asks: dict[str, tuple[Member, list[int]]] = {}
+        for i, key in enumerate(keys):
+            for member in self.router.lookup(key, self.replicas):
+                asks.setdefault(member.worker_id, (member, []))[1].append(i)
+        answers = self._io.gather([self._client.exists(m.url, m.worker_id, [keys[i] for i in idx])
+                                   for m, idx in asks.values()])
         cached = [False] * len(keys)
-        for _, idx, answer in done:
+        for (member, idx), answer in zip(asks.values(), answers):
+            if isinstance(answer, WorkerUnavailable):  # counts as not holding them
+                self.router.suspect(member)
+                continue
             if isinstance(answer, BaseException):
                 raise answer
             for i, held in zip(idx, answer):
@@ -262,5 +286,5 @@ def connect(home: str, runtime, ufs, budget: MemoryBudget, stats: HitStats | Non
     ns, name = runtime.metadata.namespace, runtime.metadata.name
     client = WorkerClient(auth.load_token(home, ns, name), name, runtime.spec.block_size_bytes,
                           connect_timeout, read_timeout)
-    router = Router(Membership(home), ns, name, short_circuit=short_circuit)
+    router = Router(open_membership(home), ns, name, short_circuit=short_circuit)
     return ClusterBlockSource(name, router, client, ufs, budget, stats, replicas=replicas)

@@ -9,14 +9,14 @@ not ready, so DESIRED/READY tell the whole story.
 from __future__ import annotations
 
 from datacache.cluster.client import LoopThread, WorkerClient
-from datacache.cluster.membership import Membership
+from datacache.cluster.membership import open_membership
 
 
 def observe_workers(home: str, runtime) -> list[dict]:
     """One dict per worker of CacheRuntime ``runtime`` (a model): ``name``, ``ready`` (bool),
     ``capacity`` and ``used`` (bytes), ``hits``, ``misses``, ``url``, ``pid``."""
     ns, name = runtime.metadata.namespace, runtime.metadata.name
-    members = Membership(home)
+    members = open_membership(home)
     try:
         found = {m.index: m for m in members.live(ns, name)}
     finally:

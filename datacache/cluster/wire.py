@@ -33,7 +33,7 @@ class BadRequest(ValueError):
 
 
 class WrongDataset(LookupError):
-    """The request names another dataset than the worker's (HTTP 404)."""
+    """The request names another dataset than the worker's (HTTP 409)."""
 
 
 def entry_fields(entry: FileEntry) -> dict:
@@ -86,6 +86,14 @@ def parse_entry(fields: dict, roots: dict[str, str]) -> FileEntry:
 def parse_index(fields: dict, entry: FileEntry, block_size: int, name: str = "index") -> int:
     """Block index ``fields[name]``, checked against the file's block count."""
     return _int(fields, name, 0, max(block_count(entry.size, block_size) - 1, 0))
+
+
+def parse_worker_id(fields: dict, name: str) -> str:
+    """A worker id (``worker-<i>``) in ``fields[name]``."""
+    value = fields.get(name)
+    if not isinstance(value, str) or not value.startswith("worker-") or not value[7:].isdigit() or len(value) > 20:
+        raise BadRequest(f"{name}: expected a worker id like 'worker-0'")
+    return value
 
 
 def parse_key_list(body, limit: int = MAX_KEYS) -> list:

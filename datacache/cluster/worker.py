@@ -5,10 +5,16 @@ Endpoints (all but ``/healthz`` and ``/metrics`` need ``Authorization: Bearer <t
 | endpoint            | what it does                                                                  |
 |---------------------|-------------------------------------------------------------------------------|
 | ``GET /v1/block``   | one block by file-version fields + index; a MEM hit is sent from memory, a    |
-|                     | disk hit with ``sendfile`` straight from the block file, a miss is filled     |
+|                     | disk hit with ``sendfile`` straight from the block file, a miss is copied     |
+|                     | from a peer holding it (read-repair, :mod:`.peers`), else filled from the UFS |
+| ``GET /v1/block``   | with ``key=`` instead: the block if held (checksum verified), else 404; never |
+|                     | fills (how peers look for blocks away from home)                              |
 | ``POST /v1/exists`` | ``{"dataset", "keys": [...]}`` -> ``{"cached": [bool, ...]}``                 |
 | ``POST /v1/fill``   | ``{"dataset", "block_size", "files": [{fields, "blocks": [i...]}]}``: fill the|
-|                     | blocks (warmup), answer per file ``{"stored": bytes}`` or ``{"error": ...}``  |
+|                     | blocks (warmup, copying what peers hold), answer per file ``{"stored": bytes, |
+|                     | "ufs": bytes read from the UFS}`` or ``{"error": ...}``                       |
+| ``POST /v1/pull``   | ``{"dataset", "from", "keys"}``: copy blocks this worker owns from worker     |
+|                     | ``from`` (hand-off); ``{"held": [bool, ...]}``                                |
 | ``POST /v1/drop``   | ``{"dataset"}``: delete every block of the dataset                            |
 | ``GET /healthz``    | ``{"worker", "dataset", "status": "ok"}``                                     |
 | ``GET /metrics``    | Prometheus text (see :mod:`.metrics`)                                         |
@@ -20,12 +26,16 @@ runtimes. Block responses carry ``X-Block-Checksum`` (xxh3 of the bytes; the cli
 ``X-Cache: hit|miss``. Fills reuse :class:`~datacache.cache.source.LocalBlockSource` unchanged
 (single-flight per block, one memory budget, exact-version ranged reads); demand fills run in a
 pool of ``fill_threads`` threads, which bounds this worker's concurrent UFS connections. Every
-request field is validated by :mod:`.wire` before the store or the UFS is touched.
+request field is validated by :mod:`.wire` before the store or the UFS is touched. A fill answer
+starts at once and carries a space every ``KEEPALIVE_S`` seconds until its JSON is ready (JSON
+allows leading whitespace), so clients bound every call by a short read timeout and still tell a
+long fill from a stalled worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -41,23 +51,30 @@ from datacache.cache.memory import MemoryTier
 from datacache.cache.source import LocalBlockSource
 from datacache.cache.tiered import TieredStore
 from datacache.cluster import auth, wire
-from datacache.cluster.membership import HEARTBEAT_S, Member, Membership
+from datacache.cluster.client import WorkerClient
+from datacache.cluster.membership import HEARTBEAT_S, Member, Membership, open_membership
 from datacache.cluster.metrics import CONTENT_TYPE, WorkerMetrics
-from datacache.cluster.store import ServingDiskTier
+from datacache.cluster.peers import HANDOFF_BATCH, Peers
+from datacache.cluster.routing import Router
+from datacache.cluster.store import ACCESS_FLUSH_S, ServingDiskTier
 
 log = logging.getLogger("datacache.worker")
 
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 FILL_BUDGET = 256 << 20  # bytes of fills in flight per worker
 MAX_FILES = 1024
+KEEPALIVE_S = 1.0  # seconds between the spaces of a fill answer still being computed
+PEER_TIMEOUT_S = 5.0  # read timeout of calls to peers
+SHUTDOWN_S = 2.0
 
 
 class Worker:
     """Serves blocks of ``dataset`` cut at ``block_size`` bytes from ``store``, filling from ``ufs``
-    (a ``UnionNamespace``). ``token``: the bearer token; ``worker_id``: ``worker-<i>``."""
+    (a ``UnionNamespace``). ``token``: the bearer token; ``worker_id``: ``worker-<i>``; ``peers``:
+    the other workers (None: a worker alone, misses go straight to the UFS)."""
 
     def __init__(self, dataset: str, block_size: int, store: TieredStore, ufs, token: str,
-                 worker_id: str = "worker-0", fill_threads: int = 16):
+                 worker_id: str = "worker-0", fill_threads: int = 16, peers: Peers | None = None):
         self.dataset = dataset
         self.block_size = block_size
         self.store = store
@@ -69,6 +86,9 @@ class Worker:
         self._fills = ThreadPoolExecutor(fill_threads, thread_name_prefix="worker-fill")
         self._mem = next((lv for lv in store.levels if isinstance(lv, MemoryTier)), None)
         self._disk = next((lv for lv in store.levels if isinstance(lv, ServingDiskTier)), None)
+        self.peers = peers
+        self.peer_bytes = 0  # bytes copied in from peers (read-repair and hand-off)
+        self._misses: dict[str, asyncio.Future] = {}
         self.metrics = WorkerMetrics(self)
 
     def app(self) -> web.Application:
@@ -78,6 +98,7 @@ class Worker:
         app.router.add_get("/v1/block", self.get_block)
         app.router.add_post("/v1/exists", self.exists)
         app.router.add_post("/v1/fill", self.fill)
+        app.router.add_post("/v1/pull", self.pull)
         app.router.add_post("/v1/drop", self.drop)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.metrics_page)
@@ -106,6 +127,8 @@ class Worker:
     # -- handlers ---------------------------------------------------------------------------------
     async def get_block(self, request: web.Request) -> web.StreamResponse:
         query = request.query
+        if "key" in query:
+            return await self._get_by_key(query)
         wire.check_scope(query, self.dataset, self.block_size)
         entry = wire.parse_entry(query, self.roots)
         index = wire.parse_index(query, entry, self.block_size)
@@ -121,29 +144,43 @@ class Worker:
                 path, digest = found
                 return web.FileResponse(path, headers={"X-Block-Checksum": digest, "X-Cache": "hit",
                                                        "Content-Type": "application/octet-stream"})
-        hit = key in self.store
         try:
-            data = await self._in_pool(self.source.get, entry, index)
+            data, hit = await self._single_flight(key, self._fetch_missing, entry, index, key)
         except OSError as err:
             return web.json_response(wire.error_body(err), status=wire.UFS_ERROR_STATUS)
         (self.metrics.hits if hit else self.metrics.misses).inc()
         return _block_response(data, checksum(data), hit)
 
+    async def _get_by_key(self, query) -> web.Response:
+        wire.check_scope(query, self.dataset)
+        (key,) = self._keys([query.get("key")])
+        data = await asyncio.get_running_loop().run_in_executor(None, self.store.get, key)  # verified
+        if data is None:
+            return web.json_response({"error": "NotFound", "message": "block not held here"}, status=404)
+        return _block_response(data, checksum(data), True)
+
     async def exists(self, request: web.Request) -> web.Response:
         body = await _json(request)
         wire.check_scope(body, self.dataset)
-        keys = wire.parse_key_list(body)
-        for k in keys:
-            try:
-                parsed = BlockKey.parse(k)
-            except ValueError:
-                raise wire.BadRequest(f"keys: {k[:80]!r} is not a block key") from None
-            if parsed.dataset != self.dataset:
-                raise wire.BadRequest(f"keys: {k[:80]!r} is not a block of dataset {self.dataset!r}")
+        keys = self._keys(wire.parse_key_list(body))
         cached = await asyncio.get_running_loop().run_in_executor(None, lambda: [k in self.store for k in keys])
         return web.json_response({"cached": cached})
 
-    async def fill(self, request: web.Request) -> web.Response:
+    async def pull(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        wire.check_scope(body, self.dataset)
+        keys = self._keys(wire.parse_key_list(body, HANDOFF_BATCH))
+        holder = wire.parse_worker_id(body, "from")
+        held = []
+        for key in keys:
+            ok = await asyncio.get_running_loop().run_in_executor(None, self.store.__contains__, key)
+            if not ok and self.peers is not None and self.peers.owns(key):
+                data = await self.peers.pull_from(holder, key)
+                ok = data is not None and await self._keep(key, data)
+            held.append(bool(ok))
+        return web.json_response({"held": held})
+
+    async def fill(self, request: web.Request) -> web.StreamResponse:
         body = await _json(request)
         wire.check_scope(body, self.dataset, self.block_size)
         files = body.get("files")
@@ -159,7 +196,7 @@ class Worker:
                 raise wire.BadRequest("blocks: expected a non-empty list of block indexes")
             indexes = sorted({wire.parse_index({"i": i}, entry, self.block_size, "i") for i in blocks})
             jobs.append(self._fill_file(entry, indexes))
-        return web.json_response({"results": await asyncio.gather(*jobs)})
+        return await _slow_json(request, asyncio.gather(*jobs), "results")
 
     async def drop(self, request: web.Request) -> web.Response:
         body = await _json(request)
@@ -174,17 +211,66 @@ class Worker:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     # -- internals --------------------------------------------------------------------------------
+    def _keys(self, keys: list) -> list[str]:
+        """``keys`` checked to be block keys of this dataset (BadRequest naming the first that is not)."""
+        for k in keys:
+            try:
+                parsed = BlockKey.parse(k) if isinstance(k, str) else None
+            except ValueError:
+                parsed = None
+            if parsed is None:
+                raise wire.BadRequest(f"keys: {str(k)[:80]!r} is not a block key")
+            if parsed.dataset != self.dataset:
+                raise wire.BadRequest(f"keys: {k[:80]!r} is not a block of dataset {self.dataset!r}")
+        return keys
+
+    async def _single_flight(self, key: str, fn, *args):
+        """``await fn(*args)``, shared by every request for ``key`` while it runs."""
+        fut = self._misses.get(key)
+        if fut is None:
+            fut = self._misses[key] = asyncio.ensure_future(fn(*args))
+            fut.add_done_callback(lambda _: self._misses.pop(key, None))
+        return await asyncio.shield(fut)
+
+    async def _fetch_missing(self, entry, index: int, key: str) -> tuple[bytes, bool]:
+        """A block not in MEM or on disk: from a peer holding it (a hit for the cluster), else the
+        store or the UFS (``(bytes, hit)``)."""
+        if self.peers is not None and key not in self.store:
+            data = await self.peers.find(key)
+            if data is not None:
+                await self._keep(key, data)
+                return data, True
+        hit = key in self.store
+        return await self._in_pool(self.source.get, entry, index), hit
+
+    async def _keep(self, key: str, data: bytes) -> bool:
+        """Store a block copied from a peer; whether the store kept it."""
+        kept = await asyncio.get_running_loop().run_in_executor(None, self.store.put, key, data)
+        if kept:
+            self.peer_bytes += len(data)
+        return kept
+
     async def _fill_file(self, entry, indexes: list[int]) -> dict:
-        """Fill contiguous runs of ``indexes`` concurrently; ``{"stored": bytes}`` or the first error."""
+        """Copy what peers hold of blocks ``indexes``, fill contiguous runs of the rest concurrently
+        from the UFS; ``{"stored": bytes, "ufs": bytes}`` or the first error."""
+        copied = 0
+        if self.peers is not None:
+            keys = [str(self.source.key(entry, i)) for i in indexes]
+            missing = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: [k for k in keys if k not in self.store])
+            for key, data in (await self.peers.find_many(missing)).items():
+                if await self._keep(key, data):
+                    copied += len(data)
         runs = _runs(indexes)
         done = await asyncio.gather(*(self._in_pool(self.source.fill, entry, a, b) for a, b in runs),
                                     return_exceptions=True)
+        ufs = sum(r for r in done if isinstance(r, int))
         for result in done:
             if isinstance(result, OSError):
-                return {"error": wire.error_body(result), "stored": sum(r for r in done if isinstance(r, int))}
+                return {"error": wire.error_body(result), "stored": copied + ufs, "ufs": ufs}
             if isinstance(result, BaseException):
                 raise result
-        return {"stored": sum(done)}
+        return {"stored": copied + ufs, "ufs": ufs}
 
     async def _in_pool(self, fn, *args):
         self.metrics.fills_in_flight.inc()
@@ -194,8 +280,25 @@ class Worker:
             self.metrics.fills_in_flight.dec()
 
     def close(self) -> None:
+        if self._disk is not None:
+            self._disk.flush_accesses()
         self._fills.shutdown(wait=True, cancel_futures=True)
         self.source.close()
+
+
+async def _slow_json(request: web.Request, work, field: str) -> web.StreamResponse:
+    """Answer ``{field: await work}``, sending a space every ``KEEPALIVE_S`` seconds until then."""
+    task = asyncio.ensure_future(work)
+    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+    try:
+        await resp.prepare(request)
+        while not (await asyncio.wait({task}, timeout=KEEPALIVE_S))[0]:
+            await resp.write(b" ")
+        await resp.write(json.dumps({field: task.result()}).encode())
+        await resp.write_eof()
+    except ConnectionResetError:  # the client gave up (its timeout): what is being filled still lands
+        await task
+    return resp
 
 
 def _block_response(data: bytes, digest: str, hit: bool) -> web.Response:
@@ -234,7 +337,15 @@ def disk_info(store: TieredStore) -> dict:
 
 async def _serve(worker: Worker, members: Membership, namespace: str, runtime: str, host: str, port: int,
                  advertise: str, exit_with_parent: bool) -> None:
-    runner = web.AppRunner(worker.app(), access_log=None, handle_signals=False)
+    background = []
+    if worker._disk is not None:
+        background.append(asyncio.ensure_future(_every(ACCESS_FLUSH_S, worker._disk.flush_accesses)))
+    if worker.peers is not None and worker._disk is not None:
+        disk, prefix = worker._disk, f"{worker.dataset}/"
+        background.append(asyncio.ensure_future(worker.peers.run_handoff(
+            lambda: [k for k in disk.keys() if k.startswith(prefix)], disk.discard)))
+    # A stopping worker waits SHUTDOWN_S at most for requests in flight (clients fail over).
+    runner = web.AppRunner(worker.app(), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
@@ -260,8 +371,22 @@ async def _serve(worker: Worker, members: Membership, namespace: str, runtime: s
             if not members.heartbeat(namespace, runtime, me.worker_id, me.pid):
                 members.register(namespace, runtime, me)
     finally:
+        for task in background:
+            task.cancel()
         members.remove(namespace, runtime, me.worker_id, me.pid)
         await runner.cleanup()
+        if worker.peers is not None:
+            await worker.peers.close()
+
+
+async def _every(seconds: float, fn) -> None:
+    """Run ``fn()`` in a thread every ``seconds`` seconds, forever (errors logged)."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await asyncio.to_thread(fn)
+        except Exception:
+            log.exception("%s failed", getattr(fn, "__name__", fn))
 
 
 def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0.1", port: int = 0,
@@ -282,7 +407,11 @@ def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0
     worker_id = f"worker-{index}"
     token = auth.load_token(plane.home, namespace, name)
     store = plane.store_for(runtime, worker_id, ServingDiskTier)
-    worker = Worker(name, runtime.spec.block_size_bytes, store, UnionNamespace(dataset, plane.home), token, worker_id)
+    router = Router(open_membership(plane.home), namespace, name, short_circuit=False, strict=False)
+    peers = Peers(worker_id, router,
+                  WorkerClient(token, name, runtime.spec.block_size_bytes, read_timeout=PEER_TIMEOUT_S))
+    worker = Worker(name, runtime.spec.block_size_bytes, store, UnionNamespace(dataset, plane.home), token, worker_id,
+                    peers=peers)
     members = Membership(plane.home)
     plane.close()
     try:

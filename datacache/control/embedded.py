@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from datetime import datetime, timezone
 
 from datacache import private
 from datacache.api.loader import load_resource_dict, to_document
-from datacache.api.models import CacheRuntime, Dataset, DataLoad, ThinRuntime
+from datacache.api.models import RUNTIME_PLUGIN_GROUP, CacheRuntime, Dataset, DataLoad, ThinRuntime, plugin_schemes
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.disk import DiskTier
 from datacache.cache.memory import MemoryTier
@@ -29,10 +31,12 @@ from datacache.cache.tiered import TieredStore
 from datacache.client import DatasetClient
 from datacache.cluster import source as cluster_source
 from datacache.cluster.status import observe_workers
-from datacache.control import reconcile, supervisor
+from datacache.control import dataloads, observe, reconcile, supervisor
+from datacache.control.mounts import fuse_mounts_of, lazy_unmount
 from datacache.control.state import StateStore, default_home, now_iso
+from datacache.control.sync import sync_manifest
 from datacache.dataload import warmup
-from datacache.errors import ResourceError
+from datacache.errors import DatacacheError, ResourceError
 from datacache.manifest import Manifest, ManifestDiff
 from datacache.ufs.mounts import UnionNamespace
 from datacache_runtimes import engine_for, register_profile_schemes, stop_runtime
@@ -69,6 +73,8 @@ class Embedded:
                 lines[-1] += supervisor.converge(self.home, res)
             elif res.kind == "DataLoad" and res.spec.policy == "Once" and verb != "unchanged":
                 self.run_dataload(res)
+            elif res.kind == "DataLoad" and verb == "created":  # Cron / OnEvent: the controller runs it
+                self.state.set_status("DataLoad", res.metadata.name, res.metadata.namespace, {"phase": "Pending"})
             elif (res.kind == "ThinRuntime" and verb != "unchanged"
                   and self.state.get("Dataset", res.metadata.name, res.metadata.namespace)):
                 self.sync(res.metadata.name, res.metadata.namespace)  # (re)starts it, re-lists through it
@@ -98,28 +104,60 @@ class Embedded:
             doc["status"] = self.refresh_status(kind, meta["name"], meta["namespace"]) or doc.get("status")
         return docs
 
-    def delete(self, kind: str, name: str, namespace: str = "default") -> str:
-        """Delete a resource. Deleting a Dataset also removes its manifest and cached blocks."""
+    def delete(self, kind: str, name: str, namespace: str = "default", force: bool = False) -> str:
+        """Delete a resource. Deleting a Dataset also removes its cached blocks (in-process and on
+        every worker, running or not), hit counters, manifests and DataLoads. Raises ResourceError
+        while a FUSE mount of the dataset exists, unless ``force`` (then it is lazily unmounted)."""
         res = self.get(kind, name, namespace)
         if kind == "Dataset":
+            self._release_mounts(namespace, name, force)
             runtime = self.runtime_for(res)
-            if runtime is not None and supervisor.distributed(runtime):
-                source = self._source(runtime, UnionNamespace(res, self.home))
-                source.drop()
-                source.close()
-            elif runtime is not None:
-                store = self.store_for(runtime)
-                store.delete_prefix(f"{name}/")
-                store.close()
             if runtime is not None:
+                self._drop_blocks(runtime, name)
+                stats = self._stats(runtime)
+                stats.reset(name)
+                stats.close()
                 stop_runtime(runtime, self.home)
             shutil.rmtree(self._dataset_dir(res), ignore_errors=True)
+            for doc in self.state.list("DataLoad", namespace):
+                if doc["spec"]["dataset"]["name"] == name:  # owned by the dataset, as in Fluid
+                    self.state.delete("DataLoad", doc["metadata"]["name"], namespace)
         elif kind == "CacheRuntime":
             supervisor.stop(self.home, namespace, name)
         elif kind == "ThinRuntime":
             stop_runtime(res, self.home)
         self.state.delete(kind, name, namespace)
         return f"{kind.lower()}.datacache.io/{name} deleted"
+
+    def _release_mounts(self, namespace: str, name: str, force: bool) -> None:
+        mounted = fuse_mounts_of(namespace, name)
+        if mounted and not force:
+            raise ResourceError(f"dataset {namespace}/{name} is mounted at {', '.join(mounted)}: unmount it first "
+                                f"(datacache unmount {mounted[0]}) or delete with --force")
+        for path in mounted:
+            lazy_unmount(path)
+
+    def _drop_blocks(self, runtime, dataset: str) -> None:
+        """Delete ``dataset``'s blocks from live workers (their MEM levels too) and from every
+        cache directory of ``runtime`` on disk: in-process, and each ``worker-<i>``."""
+        if supervisor.distributed(runtime):
+            try:
+                source = cluster_source.connect(self.home, runtime, None, self._budget)
+            except ResourceError:
+                source = None  # never started: no worker token, nothing live
+            if source is not None:
+                source.drop()
+                source.close()
+        workers = set()
+        for level in runtime.spec.tieredstore.levels:
+            if level.path is not None and os.path.isdir(self._level_dir(runtime, level)):
+                workers.update(e for e in os.listdir(self._level_dir(runtime, level)) if e.startswith("worker-"))
+        for worker in [None, *sorted(workers)]:
+            store = self.store_for(runtime, worker)
+            try:
+                store.delete_prefix(f"{dataset}/")
+            finally:
+                store.close()
 
     def refresh_status(self, kind: str, name: str, namespace: str = "default") -> dict | None:
         """Recompute and store the status of one resource from observations."""
@@ -134,7 +172,10 @@ class Embedded:
                 workers = [{"name": f"{name}-worker-0", "ready": self._ready(rt), "capacity": store.capacity,
                             "used": store.used()}] if rt.spec.replicas else []
                 store.close()
-            status = reconcile.runtime_status(rt.spec.replicas, workers)
+            status = reconcile.runtime_status(rt.spec.replicas, workers, self._runtime_problem(rt))
+            previous = (self.state.get(kind, name, namespace) or {}).get("status") or {}
+            if "lastScaleTime" in previous:  # written by the controller, not observed
+                status["lastScaleTime"] = previous["lastScaleTime"]
         else:
             return None
         self.state.set_status(kind, name, namespace, status)
@@ -150,16 +191,16 @@ class Embedded:
                 return load_resource_dict(doc, "state")
         return None
 
-    def sync(self, name: str, namespace: str = "default") -> ManifestDiff:
-        """Metadata sync: list every mount, store a new manifest, return the diff to the old one."""
+    def sync(self, name: str, namespace: str = "default", on_progress=None) -> ManifestDiff:
+        """Metadata sync: list every mount (streamed, bounded memory: see :mod:`.sync`), store a new
+        manifest, return the diff to the old one; ``on_progress(files_listed)`` reports progress."""
         ds = self.get("Dataset", name, namespace)
         ufs = self.ufs_for(ds)
-        new = Manifest.from_entries(ufs.list_files())
-        old = self.load_manifest(ds)
         private.makedirs(self._dataset_dir(ds))
-        new.save(self._manifest_path(ds))
+        diff = sync_manifest(ufs.list_files(), self._manifest_path(ds), on_progress)
         self.refresh_status("Dataset", name, namespace)
-        return (old or Manifest.from_entries([])).diff(new)
+        self.run_on_event(ds, diff)
+        return diff
 
     def load_manifest(self, ds: Dataset) -> Manifest | None:
         path = self._manifest_path(ds)
@@ -180,70 +221,140 @@ class Embedded:
         ufs = self.ufs_for(ds, runtime)
         source = self._source(runtime, ufs)
         return DatasetClient(name, manifest, source, ufs, lambda m: m.save(self._manifest_path(ds)),
-                             readahead=runtime.spec.fuse.read_ahead_blocks, load_manifest=lambda: self.load_manifest(ds))
+                             readahead=runtime.spec.fuse.read_ahead_blocks, load_manifest=lambda: self.load_manifest(ds),
+                             manifest_path=self._manifest_path(ds))
 
-    def run_dataload(self, dataload: DataLoad, on_progress=None):
-        """Run a DataLoad now and store its status; returns the ``WarmupResult``."""
+    def run_dataload(self, dataload: DataLoad, on_progress=None, cancel: threading.Event | None = None,
+                     sync_first: bool = True):
+        """Run a DataLoad now; returns the ``WarmupResult``. Its status goes Executing (with live
+        ``progress``, written at most once a second) → Complete | Failed (C13: Complete means every
+        target's current version is 100 % cached); ``lastSuccessfulTime`` survives failed runs.
+        ``cancel`` set (Ctrl-C, SIGTERM) stops it: loaded blocks stay, status Failed/Cancelled.
+        Errors opening the dataset are raised after the status says Failed, and why."""
         meta = dataload.metadata
-        started = now_iso()
+        started, t0 = now_iso(), time.monotonic()
+        previous = (self.state.get("DataLoad", meta.name, meta.namespace) or {}).get("status") or {}
+        kept = {k: previous[k] for k in ("lastSuccessfulTime",) if k in previous}
+        self.state.set_status("DataLoad", meta.name, meta.namespace,
+                              {"phase": "Executing", "lastScheduleTime": started, **kept})
+        last_write = [0.0]
+
+        def progress(p):
+            now = time.monotonic()
+            if now - last_write[0] >= 1.0 or p.bytes_done == p.bytes_total:
+                last_write[0] = now
+                self.state.set_status("DataLoad", meta.name, meta.namespace, {
+                    "phase": "Executing", "lastScheduleTime": started, **kept, "progress": {
+                        "filesDone": p.files_done, "filesTotal": p.files_total,
+                        "bytesDone": p.bytes_done, "bytesTotal": p.bytes_total}})
+            if on_progress is not None:
+                on_progress(p)
+
+        client = None
         try:
-            client = self.open_dataset(dataload.spec.dataset.name, dataload.spec.dataset.namespace)
-        except Exception as err:  # never left Executing: Failed, saying why
-            self.state.set_status("DataLoad", meta.name, meta.namespace, {
-                "phase": "Failed", "lastScheduleTime": started,
-                "conditions": [{"type": "Complete", "status": "False", "reason": "DatasetUnavailable",
-                                "message": str(err), "lastTransitionTime": now_iso()}]})
-            raise
-        self.state.set_status("DataLoad", meta.name, meta.namespace, {"phase": "Executing", "lastScheduleTime": started})
-        try:
-            if dataload.spec.load_metadata:
-                self.sync(client.name, dataload.spec.dataset.namespace)
-                client.close()
-                client = self.open_dataset(dataload.spec.dataset.name, dataload.spec.dataset.namespace)
-            result = warmup(client, [t.path for t in dataload.spec.target], on_progress=on_progress)
+            ds = dataload.spec.dataset
+            if dataload.spec.load_metadata and sync_first:
+                self.sync(ds.name, ds.namespace)
+            client = self.open_dataset(ds.name, ds.namespace)
+            result = warmup(client, [t.path for t in dataload.spec.target], on_progress=progress, cancel=cancel)
             per_worker = getattr(client.source, "worker_progress", dict)()
+        except BaseException as err:  # never left Executing: Failed, saying why
+            reason = "Cancelled" if isinstance(err, KeyboardInterrupt) else "LoadFailed"
+            self.state.set_status("DataLoad", meta.name, meta.namespace, {
+                "phase": "Failed", "lastScheduleTime": started, **kept,
+                "duration": f"{time.monotonic() - t0:.1f}s",
+                "conditions": [{"type": "Complete", "status": "False", "reason": reason,
+                                "message": str(err) or type(err).__name__, "lastTransitionTime": now_iso()}]})
+            raise
         finally:
-            client.close()
-        status = reconcile.dataload_status(result, started)
+            if client is not None:
+                client.close()
+        status = reconcile.dataload_status(result, started, cancelled=cancel is not None and cancel.is_set())
+        status = {**kept, **status}
         if per_worker:
             status["workers"] = per_worker
         self.state.set_status("DataLoad", meta.name, meta.namespace, status)
         return result
 
-    def warmup(self, name: str, paths: list[str], namespace: str = "default", on_progress=None):
-        """``datacache warmup``: a one-shot DataLoad named ``<dataset>-warmup-<UTC time>``.
+    def warmup(self, name: str, paths: list[str], namespace: str = "default", on_progress=None,
+               cancel: threading.Event | None = None):
+        """``datacache warmup``: a one-shot DataLoad named ``<dataset>-warmup-<UTC time>``, labelled
+        ``datacache.io/warmup``; the oldest such records beyond ``WARMUP_HISTORY`` are deleted.
         Returns ``(dataload name, WarmupResult)``."""
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
         dl_name = f"{name[:30]}-warmup-{stamp}"
         doc = {"apiVersion": "datacache.io/v1alpha1", "kind": "DataLoad",
-               "metadata": {"name": dl_name, "namespace": namespace},
+               "metadata": {"name": dl_name, "namespace": namespace, "labels": {dataloads.WARMUP_LABEL: name}},
                "spec": {"dataset": {"name": name, "namespace": namespace},
                         "target": [{"path": "/" + p.lstrip("/")} for p in paths]}}
         dataload = load_resource_dict(doc, "datacache warmup")
         self.get("Dataset", name, namespace)
         self.state.put(to_document(dataload))
-        return dl_name, self.run_dataload(dataload, on_progress)
+        for old in dataloads.stale_warmups(self.state.list("DataLoad", namespace), name):
+            self.state.delete("DataLoad", old, namespace)
+        return dl_name, self.run_dataload(dataload, on_progress, cancel)
+
+    def run_on_event(self, ds: Dataset, diff: ManifestDiff) -> list[str]:
+        """Run the OnEvent DataLoads of ``ds`` whose targets hold files that ``diff`` (a metadata
+        sync's) added or changed; returns their names. A failed run is in its status, not raised."""
+        fired = []
+        manifest = None
+        for doc in self.state.list("DataLoad", ds.metadata.namespace):
+            spec = doc["spec"]
+            if spec.get("policy") != "OnEvent" or spec["dataset"]["name"] != ds.metadata.name:
+                continue
+            dataload = load_resource_dict(doc, f"state:DataLoad/{ds.metadata.namespace}/{doc['metadata']['name']}")
+            manifest = manifest or self.load_manifest(ds)
+            if manifest is None or not dataloads.touched([t.path for t in dataload.spec.target], manifest, diff):
+                continue
+            try:
+                self.run_dataload(dataload, sync_first=False)  # the sync that fired it just ran
+            except (DatacacheError, OSError):
+                pass  # recorded as Failed in the DataLoad's status
+            fired.append(dataload.metadata.name)
+        return fired
 
     # -- internals -------------------------------------------------------------------------------
     def _observe(self, ds: Dataset) -> reconcile.DatasetObservation:
+        """The dataset's figures from the manifest and one scan of the stores' indexes (see
+        :mod:`.observe`); opens no UFS, so it needs no credentials."""
         runtime = self.runtime_for(ds)
         manifest = self.load_manifest(ds)
+        known = dict(bound=runtime is not None, synced=manifest is not None,
+                     file_num=manifest.file_num if manifest else 0,
+                     ufs_total=manifest.total_size if manifest else 0)
         if runtime is None or manifest is None:
-            return reconcile.DatasetObservation(
-                bound=runtime is not None, synced=manifest is not None,
-                file_num=manifest.file_num if manifest else 0, ufs_total=manifest.total_size if manifest else 0)
+            return reconcile.DatasetObservation(**known)
+        name = ds.metadata.name
+        held: set[str] = set()
+        capacity = 0
         try:
-            client = self.open_dataset(ds.metadata.name, ds.metadata.namespace)
-        except (ResourceError, OSError) as err:  # e.g. a thin runtime's storage is unreachable
-            return reconcile.DatasetObservation(bound=True, synced=True, file_num=manifest.file_num,
-                                                ufs_total=manifest.total_size, error=str(err))
+            for store in self._stores(runtime):
+                try:
+                    held.update(observe.store_keys(store))
+                    capacity += store.capacity
+                finally:
+                    store.close()
+        except OSError as err:  # a cache directory that cannot be opened
+            return reconcile.DatasetObservation(**known, error=f"cache unreadable: {err}")
+        stats = self._stats(runtime)
         try:
-            hits, misses = client.source.hit_counts()
-            return reconcile.DatasetObservation(
-                bound=True, synced=True, file_num=manifest.file_num, ufs_total=manifest.total_size,
-                cached=client.cached_bytes(), capacity=client.usage()[1], hits=hits, misses=misses)
+            hits, misses = stats.get(name)
         finally:
-            client.close()
+            stats.close()
+        return reconcile.DatasetObservation(
+            **known, cached=observe.cached_bytes(manifest, held, name, runtime.spec.block_size_bytes),
+            capacity=capacity, hits=hits, misses=misses, local=not supervisor.distributed(runtime))
+
+    def _stores(self, runtime):
+        """The stores holding ``runtime``'s blocks now: its in-process store, or each ready
+        worker's own store (a worker that does not answer serves nothing, so its blocks do not count)."""
+        if not supervisor.distributed(runtime):
+            yield self.store_for(runtime)
+            return
+        for w in observe_workers(self.home, runtime):
+            if w["ready"]:
+                yield self.store_for(runtime, worker="worker-" + w["name"].rsplit("-", 1)[1])
 
     def ufs_for(self, ds: Dataset, runtime=None) -> UnionNamespace:
         """The dataset's mounts opened by its runtime (``runtime``, default the bound one): a
@@ -266,9 +377,23 @@ class Embedded:
 
     def _ready(self, runtime) -> bool:
         try:
-            return self._engine(runtime).ready()
+            return not self._runtime_problem(runtime) and self._engine(runtime).ready()
         except ResourceError:
             return False
+
+    def _runtime_problem(self, runtime) -> str:
+        """Why ``runtime`` cannot work at all ('' when it can): a ThinRuntime's missing profile, or
+        a profile plugin that is not installed."""
+        if runtime.kind != "ThinRuntime":
+            return ""
+        try:
+            plugin = self._engine(runtime).profile.spec.plugin
+        except ResourceError as err:
+            return str(err)
+        if plugin is not None and plugin not in plugin_schemes():
+            return (f"thinruntime {runtime.metadata.namespace}/{runtime.metadata.name}: plugin {plugin!r} is not "
+                    f"installed (no entry point in group {RUNTIME_PLUGIN_GROUP!r}): pip install it")
+        return ""
 
     def _source(self, runtime: CacheRuntime, ufs):
         """The block source: in-process (replicas 0/1), or the runtime's workers (replicas >= 2),

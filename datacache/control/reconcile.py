@@ -17,7 +17,8 @@ from datacache.control.state import now_iso
 class DatasetObservation:
     """What is true of a dataset now: manifest totals (``file_num``, ``ufs_total`` bytes), bytes of
     its current-version blocks in the cache (``cached``), the cache's ``capacity`` (bytes), block
-    ``hits``/``misses``, and whether a runtime is bound and the manifest exists."""
+    ``hits``/``misses`` of readers, whether a runtime is bound and the manifest exists, and
+    whether the cache is in the reading process (``local``) or in cache workers."""
 
     bound: bool
     synced: bool
@@ -27,12 +28,14 @@ class DatasetObservation:
     capacity: int = 0
     hits: int = 0
     misses: int = 0
+    local: bool = True
     error: str = ""
 
 
 def percentage(part: int, whole: int) -> str:
-    """Fluid's ``cachedPercentage`` text: one decimal and a percent sign; 100.0% for an empty whole."""
-    return "100.0%" if whole == 0 else f"{100.0 * part / whole:.1f}%"
+    """Fluid's percentage text: one decimal and a percent sign; ``0.0%`` when ``whole`` is 0 (an
+    empty dataset has nothing cached, and no reads have no hits)."""
+    return "0.0%" if whole <= 0 else f"{100.0 * part / whole:.1f}%"
 
 
 def dataset_status(obs: DatasetObservation) -> dict:
@@ -46,6 +49,8 @@ def dataset_status(obs: DatasetObservation) -> dict:
     else:
         phase, cond = "Bound", ("Ready", "True", "Bound", "the dataset is bound to its runtime")
     total = obs.hits + obs.misses
+    hit_ratio = percentage(obs.hits, total)
+    synced = obs.synced and not obs.error
     return {
         "phase": phase,
         "conditions": [{"type": cond[0], "status": cond[1], "reason": cond[2], "message": cond[3],
@@ -53,19 +58,27 @@ def dataset_status(obs: DatasetObservation) -> dict:
         "ufsTotal": format_bytes(obs.ufs_total),
         "fileNum": obs.file_num,
         "cacheStates": {
-            "cached": format_bytes(obs.cached),
+            "cached": format_bytes(obs.cached) if synced else "-",
             "cacheCapacity": format_bytes(obs.capacity),
-            "cachedPercentage": percentage(obs.cached, obs.ufs_total),
-            "cacheHitRatio": "0.0%" if total == 0 else f"{100.0 * obs.hits / total:.1f}%",
+            # Unknown before the first sync: '-' rather than a number nobody measured.
+            "cachedPercentage": percentage(obs.cached, obs.ufs_total) if synced else "-",
+            "cacheHitRatio": hit_ratio,
+            # In-process cache: every hit is local. Worker hits are not counted apart yet
+            # (short-circuit vs over the network), so the split is '-' rather than a guess.
+            "localHitRatio": hit_ratio if obs.local else "-",
+            "remoteHitRatio": "0.0%" if obs.local else "-",
         },
     }
 
 
-def runtime_status(desired: int, workers: list[dict]) -> dict:
-    """The CacheRuntime's ``status`` from its ``desired`` worker count and the observed workers
-    (dicts with ``ready`` (bool), ``capacity`` and ``used`` in bytes)."""
+def runtime_status(desired: int, workers: list[dict], problem: str = "") -> dict:
+    """The runtime's ``status`` from its ``desired`` worker count and the observed workers (dicts
+    with ``ready`` (bool), ``capacity`` and ``used`` in bytes). ``problem``: why the runtime cannot
+    work at all (e.g. a ThinRuntime's missing profile or plugin): phase Failed, with a condition."""
     ready = sum(1 for w in workers if w.get("ready"))
-    if desired and ready == desired:
+    if problem:
+        phase = "Failed"
+    elif desired and ready == desired:
         phase = "Ready"
     elif ready:
         phase = "PartialReady"
@@ -78,14 +91,27 @@ def runtime_status(desired: int, workers: list[dict]) -> dict:
         "cacheCapacity": format_bytes(sum(w.get("capacity", 0) for w in workers)),
         "cached": format_bytes(sum(w.get("used", 0) for w in workers)),
         "workers": workers,
+        "conditions": [{"type": "Ready", "status": "True" if phase == "Ready" else "False",
+                        "reason": "RuntimeFailed" if problem else phase, "message": problem or
+                        f"{ready} of {desired} worker(s) ready", "lastTransitionTime": now_iso()}],
     }
 
 
-def dataload_status(result, started_iso: str) -> dict:
-    """The DataLoad's ``status`` from a ``dataload.WarmupResult``."""
+def dataload_status(result, started_iso: str, cancelled: bool = False) -> dict:
+    """The DataLoad's ``status`` from a ``dataload.WarmupResult`` (``cancelled``: stopped by the
+    user; a Failed condition says so)."""
+    failed = [t.path for t in result.targets if t.phase != "Complete"]
+    if result.ok:
+        condition = ("True", "Complete", "every target's current version is 100% cached")
+    elif cancelled:
+        condition = ("False", "Cancelled", "cancelled: blocks loaded so far stay cached; run it again to resume")
+    else:
+        condition = ("False", "TargetsIncomplete", "not completely cached: " + ", ".join(failed))
     return {
         "phase": "Complete" if result.ok else "Failed",
         "duration": f"{result.duration:.1f}s",
+        "conditions": [{"type": "Complete", "status": condition[0], "reason": condition[1],
+                        "message": condition[2], "lastTransitionTime": now_iso()}],
         "targets": [
             {"path": t.path, "files": t.files, "bytes": t.bytes, "cachedBytes": t.cached_bytes,
              "phase": t.phase, "failures": t.failures}

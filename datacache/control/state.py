@@ -21,8 +21,14 @@ def default_home() -> str:
     return os.environ.get("DATACACHE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share", "datacache")
 
 
+def iso(epoch: float) -> str:
+    """RFC 3339 UTC text (seconds) of ``epoch`` seconds, as status fields hold times."""
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current time as :func:`iso` writes it."""
+    return iso(time.time())
 
 
 class StateStore:

@@ -12,6 +12,13 @@ supervise``) converges, like a Kubernetes controller, on what the state database
 - it stops workers ``i >= replicas`` (scale down), and everything when the runtime is deleted or
   drops back to one replica, then exits.
 
+Scaling out from one replica keeps the cache: before it starts any worker, the supervisor makes the
+in-process cache directory (``<level path>/<ns>/<name>``) worker-0's (each entry renamed into
+``worker-0/``, no byte copied), unless worker-0 already has a cache; the workers' hand-off then
+moves each block to its HRW owner, and until then owners find them by read-repair
+(:mod:`datacache.cluster.peers`). A process still reading through the in-process cache when the
+runtime is scaled out should be restarted (the dataset's next open uses the workers).
+
 So ``apply`` and ``scale`` only write the desired state and wait for readiness; the daemon and the
 workers survive the CLI that started them (own session, stdin closed, output to
 ``$DATACACHE_HOME/logs/<ns>.<name>.<process>.log``). Pid files under
@@ -43,6 +50,7 @@ log = logging.getLogger("datacache.supervisor")
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 _BACKOFF_MAX_S = 30.0
+_REAP_S = 5.0
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05):
@@ -88,13 +96,15 @@ def read_pid(path: str) -> int | None:
 
 
 def _kill(pid: int, timeout: float) -> None:
-    """SIGTERM ``pid``, wait up to ``timeout`` s for it to go, then SIGKILL it."""
+    """SIGTERM ``pid``, wait up to ``timeout`` s for it to go, then SIGKILL it (and wait up to
+    ``_REAP_S`` s for the kernel to finish it)."""
     started = _start_time(pid)
     if started is None:
         return
     _signal(pid, signal.SIGTERM)
     if not wait_until(lambda: _start_time(pid) != started, timeout):
         _signal(pid, signal.SIGKILL)
+        wait_until(lambda: _start_time(pid) != started, _REAP_S)
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -166,6 +176,27 @@ def converge(home: str, runtime, timeout: float = READY_TIMEOUT_S) -> str:
     return f" ({ready}/{runtime.spec.replicas} workers ready; see 'datacache get runtimes')"
 
 
+def adopt_in_process_cache(home: str, runtime) -> list[str]:
+    """Make the in-process cache of CacheRuntime ``runtime`` (a model) worker-0's, per disk level
+    (see the module docstring); returns the directories adopted. Raises ``OSError`` if a rename
+    fails."""
+    adopted = []
+    for level in runtime.spec.tieredstore.ordered_levels:
+        if level.mediumtype == "MEM":
+            continue
+        # The in-process layout of Embedded.store_for: <level path>/<ns>/<name>, workers below it.
+        base = os.path.join(home, os.path.expanduser(level.path), runtime.metadata.namespace, runtime.metadata.name)
+        target = os.path.join(base, "worker-0")
+        if not os.path.exists(os.path.join(base, "cache.db")) or os.path.exists(os.path.join(target, "cache.db")):
+            continue
+        private.makedirs(target)
+        for entry in os.listdir(base):
+            if not entry.startswith("worker-"):
+                os.replace(os.path.join(base, entry), os.path.join(target, entry))
+        adopted.append(base)
+    return adopted
+
+
 def stop(home: str, namespace: str, name: str, timeout: float = STOP_TIMEOUT_S) -> None:
     """Stop the runtime's supervisor and every worker it started (SIGTERM, then SIGKILL after
     ``timeout`` s), and forget their registrations."""
@@ -222,6 +253,7 @@ class Supervisor:
         write_pid(os.path.join(self.dir, "supervisor.pid"), os.getpid())
         state, self._members = StateStore(self.home), Membership(self.home)
         try:
+            self._adopt(state)
             while not self._stopping.is_set():
                 desired, spec, port = self._desired(state)
                 if desired < 2:
@@ -235,13 +267,22 @@ class Supervisor:
             self._members.close()
         return 0
 
+    def _adopt(self, state) -> None:
+        from datacache.api.loader import load_resource_dict
+
+        doc = state.get("CacheRuntime", self.name, self.namespace)
+        if doc is not None and int(doc["spec"].get("replicas", 1)) >= 2:
+            for path in adopt_in_process_cache(self.home, load_resource_dict(doc, "state")):
+                log.info("the in-process cache %s is worker-0's now", path)
+
     def _desired(self, state) -> tuple[int, str, int]:
         """``(replicas, digest of everything else a worker depends on, base port or 0)``."""
         runtime = state.get("CacheRuntime", self.name, self.namespace)
         dataset = state.get("Dataset", self.name, self.namespace)
         if runtime is None or dataset is None:
             return 0, "", 0
-        spec = {k: v for k, v in runtime["spec"].items() if k != "replicas"}
+        # Neither the worker count nor the autoscale policy changes what a worker does: no restart.
+        spec = {k: v for k, v in runtime["spec"].items() if k not in ("replicas", "autoscale")}
         digest = hashlib.sha256(json.dumps([spec, dataset["spec"]], sort_keys=True).encode()).hexdigest()
         port = (spec.get("worker") or {}).get("port") or 0
         return int(runtime["spec"].get("replicas", 1)), digest, port

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import fsspec
+import fsspec.asyn
 from fsspec.core import url_to_fs
 from fsspec.registry import known_implementations, registry
 
@@ -25,8 +26,10 @@ from datacache.errors import ResourceError
 from datacache.ufs.credentials import redact, resolve_options
 from datacache.ufs.versions import mtime_of, read_exact, version_of
 
-# Every UFS call is bounded: a stalled store must become an error, never a hang.
-_S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}}}
+# Every UFS call is bounded: a stalled store must become an error, never a hang. The mount
+# options connect_timeout/read_timeout (seconds) bound one try; botocore tries once, because
+# reads are tried again by datacache.ufs.retry (3 tries: a stalled read fails within 3 * 15 s + 4 s).
+_S3_TIMEOUTS = {"connect_timeout": 5.0, "read_timeout": 10.0}
 
 
 @dataclass
@@ -75,16 +78,19 @@ class UnionNamespace:
         options, secrets = resolve_options(m, home, where)
         self.secrets += secrets
         url = m.mount_point if "://" in m.mount_point else f"file://{m.mount_point}"
-        if url.startswith(("s3://", "s3a://")):
-            options = {**_S3_DEFAULTS, **options}
         try:
+            if url.startswith(("s3://", "s3a://")):
+                bounds = {k: float(options.pop(k, v)) for k, v in _S3_TIMEOUTS.items()}
+                options["config_kwargs"] = {**bounds, "retries": {"total_max_attempts": 1}}
             return url_to_fs(url, **options)
         except (ImportError, ValueError, TypeError) as err:  # missing package, bad option value
             raise ResourceError(redact(f"{where}: cannot open mountPoint {m.mount_point!r}: {err} (check the "
                                        "mountPoint and its options)", self.secrets)) from None
 
     def list_files(self) -> Iterator[FileEntry]:
-        """Every file of every mount, with its version.
+        """Every file of every mount, with its version, streamed: memory holds one listing page
+        (S3) or one directory (other filesystems), never the whole listing. Order: S3 mounts in
+        key order, others directory by directory (``control.sync`` sorts).
 
         Raises :class:`ResourceError` naming the dataset, the mount and its mountPoint when a mount
         cannot be listed (missing root, unreachable endpoint, bad credentials); secret values are
@@ -92,7 +98,14 @@ class UnionNamespace:
         for i, mount in enumerate(self.mounts.values()):
             where = f"dataset {self.name!r}: spec.mounts[{i}] ({mount.name!r})"
             try:
-                found = mount.fs.find(mount.root, detail=True, withdirs=False)
+                for info in _stream_infos(mount.fs, mount.root):
+                    ufs_path = info["name"]
+                    if info.get("type") != "file" or ufs_path.endswith("/"):  # "folder/" marker objects
+                        continue
+                    if info.get("size") is None:  # listings that give no size (HTTP index pages)
+                        info = mount.fs.info(ufs_path)
+                    yield FileEntry(mount.dataset_path(ufs_path), mount.name, ufs_path, int(info["size"]),
+                                    mtime_of(info), version_of(mount.fs, info))
             except FileNotFoundError:
                 raise ResourceError(f"{where}: mountPoint {mount.root!r} does not exist in the UFS: "
                                     "fix the mountPoint or create it") from None
@@ -100,15 +113,6 @@ class UnionNamespace:
                 raise ResourceError(redact(f"{where}: cannot list the mountPoint: {type(err).__name__}: {err} "
                                            "(check the mountPoint, its options and credentials)",
                                            self.secrets)) from None
-            for ufs_path, info in found.items():
-                if info.get("type") != "file" or ufs_path.endswith("/"):  # "folder/" marker objects
-                    continue
-                if info.get("size") is None:  # listings that give no size (HTTP index pages)
-                    info = mount.fs.info(ufs_path)
-                yield FileEntry(
-                    mount.dataset_path(ufs_path), mount.name, ufs_path, int(info["size"]),
-                    mtime_of(info), version_of(mount.fs, info),
-                )
 
     def stat(self, mount: str, ufs_path: str) -> FileEntry:
         """Fresh metadata of one file (for a per-file refresh). Raises FileNotFoundError."""
@@ -127,3 +131,45 @@ class UnionNamespace:
             if self.secrets and err.strerror:
                 err.strerror = redact(err.strerror, self.secrets)
             raise
+
+
+_S3_PAGE = 1000  # keys per ListObjectsV2 page (the S3 maximum)
+
+
+def _stream_infos(fs: fsspec.AbstractFileSystem, root: str) -> Iterator[dict]:
+    """fsspec info dicts of everything under ``root`` (or of ``root`` itself when it is a file).
+
+    S3 (s3fs): one flat ListObjectsV2 listing (no delimiter), page by page through s3fs's own
+    paginated ``_iterdir`` — s3fs's ``find`` would collect every key first. Others: ``walk``, one
+    directory at a time, raising on errors (its default would silently drop an unreadable
+    directory, which a sync would then report as deleted). Raises FileNotFoundError when ``root``
+    does not exist.
+    """
+    found = False
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    if "s3" in protocols and hasattr(fs, "_iterdir"):
+        bucket, key, _ = fs.split_path(root)
+        pages = fs._iterdir(bucket, delimiter="", prefix=f"{key.strip('/')}/" if key.strip("/") else "")
+        while page := fsspec.asyn.sync(fs.loop, _next_items, pages, _S3_PAGE):
+            found = True
+            yield from page
+    else:
+        for _, _, files in fs.walk(root, detail=True, on_error="raise"):
+            found = True
+            yield from files.values()
+    if not found:  # an empty directory, a single file, or nothing at all (FileNotFoundError)
+        info = fs.info(root)
+        if info.get("type") == "file":
+            yield info
+
+
+async def _next_items(agen, n: int) -> list:
+    """Up to ``n`` items of an async iterator ([] when it is exhausted): one event-loop round trip
+    per page instead of one per key."""
+    items = []
+    try:
+        while len(items) < n:
+            items.append(await agen.__anext__())
+    except StopAsyncIteration:
+        pass
+    return items

@@ -12,7 +12,8 @@ A version string identifies one content of one UFS file:
 
 A mismatch raises :class:`~datacache.errors.StaleFileError`; a vanished file raises
 ``FileNotFoundError`` (ENOENT, never EIO, case C4); a failing UFS raises
-:class:`~datacache.errors.UFSUnavailableError` (EIO).
+:class:`~datacache.errors.UFSUnavailableError` (EIO) after the retries of
+:mod:`datacache.ufs.retry`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from __future__ import annotations
 import errno
 import os
 
+from botocore.exceptions import ClientError
 from fsspec.asyn import sync
+from s3fs.errors import translate_boto_error
 
 from datacache.errors import StaleFileError, UFSUnavailableError
+from datacache.ufs.retry import DEFAULT_POLICY, RetryPolicy
 
 _VERSION_FIELDS = ("ETag", "etag", "generation", "version_id", "VersionId")
 
@@ -55,11 +59,17 @@ def mtime_of(info: dict) -> float:
         return 0.0
 
 
-def read_exact(fs, ufs_path: str, version: str, start: int, end: int) -> bytes:
+def read_exact(fs, ufs_path: str, version: str, start: int, end: int,
+               policy: RetryPolicy = DEFAULT_POLICY) -> bytes:
     """Bytes ``[start, end)`` of version ``version`` of ``ufs_path``; may be short only at EOF.
 
-    Raises StaleFileError, FileNotFoundError or UFSUnavailableError (see module docstring).
+    Raises StaleFileError, FileNotFoundError or UFSUnavailableError (see module docstring); an
+    unavailable UFS is retried per ``policy`` first.
     """
+    return policy.call(lambda: _read_once(fs, ufs_path, version, start, end))
+
+
+def _read_once(fs, ufs_path: str, version: str, start: int, end: int) -> bytes:
     try:
         if _is_local(fs):
             return _read_local(ufs_path, version, start, end)
@@ -107,10 +117,16 @@ def _read_local(path: str, version: str, start: int, end: int) -> bytes:
 def _read_s3(fs, path: str, etag: str, start: int, end: int) -> bytes:
     bucket, key, _ = fs.split_path(path)
 
+    # The client directly, not fs._call_s3: s3fs's own retry loop (5 tries) would multiply
+    # botocore's tries and ours, and would not cover the body; botocore's tries and timeouts
+    # come from the mount's config_kwargs.
     async def get() -> bytes:
-        resp = await fs._call_s3(
-            "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", IfMatch=etag
-        )
+        await fs.set_session()
+        s3 = await fs.get_s3(bucket)
+        # s3fs's per-call settings (requester pays, SSE-C keys) as _call_s3 would add them
+        kwargs = fs._get_s3_method_kwargs(s3.get_object, Bucket=bucket, Key=key,
+                                          Range=f"bytes={start}-{end - 1}", IfMatch=etag)
+        resp = await s3.get_object(**kwargs)
         try:
             return await resp["Body"].read()
         finally:
@@ -118,8 +134,8 @@ def _read_s3(fs, path: str, etag: str, start: int, end: int) -> bytes:
 
     try:
         return sync(fs.loop, get)
-    except OSError as err:
-        code = getattr(getattr(err.__cause__, "response", None), "get", lambda *_: None)("Error") or {}
-        if code.get("Code") in ("PreconditionFailed", "412"):
+    except ClientError as err:
+        code = err.response.get("Error", {}).get("Code")
+        if code in ("PreconditionFailed", "412"):
             raise StaleFileError(path, "the object was overwritten in the UFS (ETag changed)") from None
-        raise
+        raise translate_boto_error(err, set_cause=False) from None

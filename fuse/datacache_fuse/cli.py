@@ -13,7 +13,7 @@ import os
 import click
 
 from datacache_fuse import mountinfo
-from datacache_fuse.daemon import MountError, log_path, serve
+from datacache_fuse.daemon import MountError, check_empty, log_path, serve
 from datacache_fuse.launcher import daemon_argv, start_background, supervise
 from datacache_fuse.launcher import unmount as _unmount
 from datacache_fuse.mountinfo import MountState
@@ -44,9 +44,11 @@ def _user_errors():
 @click.option("-o", "--option", "options", multiple=True, metavar="OPT[,OPT...]",
               help="FUSE mount option passed to libfuse (e.g. allow_other); repeatable.")
 @click.option("--debug", is_flag=True, help="Log every FUSE request (to the log file and stderr).")
+@click.option("--allow-nonempty", is_flag=True,
+              help="Mount over a directory that has entries (they are hidden while mounted).")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="With --background: seconds to wait for the mount to answer.")
-def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, timeout):
+def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, allow_nonempty, timeout):
     """Mount DATASET read-only at MOUNTPOINT through FUSE.
 
     Runs in the foreground until unmounted (Ctrl-C or 'datacache unmount MOUNTPOINT'), unless
@@ -58,10 +60,13 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
     logfile = log_path(home, dataset, namespace, mountpoint)
     try:
         if background:
-            if mountinfo.probe(mountpoint) is MountState.LIVE:
+            state = mountinfo.probe(mountpoint)
+            if state is MountState.LIVE:
                 raise MountError(f"{mountpoint} is already mounted: run 'datacache unmount {mountpoint}' first")
+            if state is MountState.NONE and not allow_nonempty:
+                check_empty(mountpoint)  # here too: the daemon's refusal would only reach its log
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
-                               debug=debug, restart=restart)
+                               debug=debug, restart=restart, allow_nonempty=allow_nonempty)
             pid = start_background(argv, mountpoint, logfile, timeout)
             what = "supervisor" if restart else "daemon"
             click.echo(f"mounted {namespace}/{dataset} at {mountpoint} ({what} pid {pid}, log {logfile})")
@@ -69,10 +74,12 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
             from datacache_fuse.daemon import setup_logging
 
             setup_logging(logfile, debug=debug)
-            argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug)
+            argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
+                               allow_nonempty=allow_nonempty)
             raise SystemExit(supervise(argv, mountpoint))
         else:
-            serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug)
+            serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
+                  allow_nonempty=allow_nonempty)
     except _user_errors() as err:
         raise click.ClickException(str(err)) from None
 

@@ -165,12 +165,27 @@ def mount_options(dataset: str, namespace: str, runtime_options: dict | None = N
     return opts
 
 
-def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0) -> None:
+def check_empty(mountpoint: str) -> None:
+    """Raise :class:`MountError` when ``mountpoint`` is a directory with entries: a mount would
+    hide them (libfuse 3 no longer refuses, as ``nonempty`` did in libfuse 2). A missing path or a
+    non-directory passes (other checks name those)."""
+    try:
+        with os.scandir(mountpoint) as it:
+            if next(it, None) is None:
+                return
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    raise MountError(f"{mountpoint} is not empty: a mount would hide its files; use an empty directory, "
+                     f"or pass --allow-nonempty to mount over them")
+
+
+def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0, allow_nonempty: bool = False) -> None:
     """Make ``mountpoint`` ready to be mounted on (case C11).
 
     A dead FUSE mount (its daemon was killed: ENOTCONN) is lazily unmounted; a missing directory
     is created. Raises :class:`MountError` when a live FUSE mount is already there, when an old
-    mount does not answer within ``probe_timeout`` seconds, or when the path is not a directory.
+    mount does not answer within ``probe_timeout`` seconds, when the path is not a directory, or
+    when it is a directory with entries and not ``allow_nonempty``.
     """
     state = mountinfo.probe(mountpoint, probe_timeout)
     if state is MountState.DEAD:
@@ -192,16 +207,19 @@ def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0) -> None:
         raise MountError(f"{mountpoint} exists and is not a directory") from None
     if not os.path.isdir(mountpoint):
         raise MountError(f"{mountpoint} is not a directory")
+    if not allow_nonempty:
+        check_empty(mountpoint)
 
 
 def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,
           options: Iterable[str] = (), debug: bool = False, stderr: bool = True,
-          read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS) -> None:
+          read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS, allow_nonempty: bool = False) -> None:
     """Mount ``namespace/dataset`` at ``mountpoint`` and serve it until unmounted or signalled.
 
     Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
     mount options; ``read_ahead_kib``: the bdi read-ahead (KiB, 0 leaves the kernel's default);
-    ``workers``: threads for blocking reads. Raises ``datacache.errors.ResourceError`` (no such
+    ``workers``: threads for blocking reads; ``allow_nonempty``: mount over a directory with entries.
+    Raises ``datacache.errors.ResourceError`` (no such
     dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
     e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
     """
@@ -225,7 +243,7 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
         client = plane.open_dataset(dataset, namespace)  # ResourceError without a runtime
         fuse_spec = runtime.spec.fuse
         opts = mount_options(dataset, namespace, fuse_spec.options, options)
-        prepare_mountpoint(mountpoint)
+        prepare_mountpoint(mountpoint, allow_nonempty=allow_nonempty)
 
         def after_init() -> None:
             if read_ahead_kib:

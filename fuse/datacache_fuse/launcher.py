@@ -33,7 +33,7 @@ log = logging.getLogger("datacache_fuse")
 
 
 def daemon_argv(dataset: str, mountpoint: str, *, namespace: str, home: str, options=(),
-                debug: bool = False, restart: bool = False) -> list[str]:
+                debug: bool = False, restart: bool = False, allow_nonempty: bool = False) -> list[str]:
     """The command line of a foreground daemon (or, with ``restart``, of a supervisor)."""
     argv = [sys.executable, "-m", "datacache_fuse", "mount", dataset, mountpoint,
             "--namespace", namespace, "--home", home]
@@ -41,6 +41,8 @@ def daemon_argv(dataset: str, mountpoint: str, *, namespace: str, home: str, opt
         argv += ["-o", opt]
     if debug:
         argv.append("--debug")
+    if allow_nonempty:
+        argv.append("--allow-nonempty")
     if restart:
         argv.append("--restart")
     return argv

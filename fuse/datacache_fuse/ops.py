@@ -12,15 +12,25 @@ Rules, and why:
   answers EROFS. The mount is also made with ``-o ro``, so the kernel refuses most of them first.
 - **Caching by the kernel.** Entries and attributes carry ``entry_timeout``/``attr_timeout``
   (the runtime's ``fuse.attrTimeout``, seconds): repeated ``stat``/``lookup`` do not reach the
-  daemon. ``open`` sets ``keep_cache`` when the file's version is the one this daemon saw at the
-  previous open of that inode, so a later epoch is served from the kernel page cache; when the
-  version changed (a per-file refresh, case C5), ``keep_cache`` is off, which makes the kernel drop
-  the old pages, and the inode's attributes are invalidated so the new size is seen.
+  daemon. An inode stands for one version of a file (see :mod:`.inodes`), so its pages never mix
+  versions and ``open`` always sets ``keep_cache``: a later epoch is served from the kernel's page
+  cache.
+- **Changes reach the kernel.** When the current manifest changes (a per-file refresh, case C5, or
+  a ``datacache sync`` by another process, noticed within ``reload_interval`` seconds by a
+  ``stat`` of the stored manifest), every directory entry the kernel may hold that the new
+  manifest contradicts is invalidated: paths deleted or at a new version, and names that were
+  missing (negative entries) but now exist (cases C3, C4). ``open`` of an inode whose version is no
+  longer current answers ESTALE, which makes the kernel look the path up again and open the new
+  inode; handles already open keep reading their version (or get ESTALE once it is gone).
 - **One Reader per open handle.** Each ``open`` gets its own ``DatasetFile`` (pinned to one
   version, case C3) whose sequential detection drives read-ahead; reads of one handle are
   serialised (a DatasetFile keeps a current block and is not thread-safe), reads of different
   handles run in parallel in the pool. Read-ahead memory is one budget for the whole daemon (the
   block source's ``MemoryBudget``), not per handle.
+- **Few copies, few hops per request.** A read whose block the Reader holds in memory (the
+  current block, or the next one it loaded ahead) is answered on the event loop, with a view of
+  the block (pyfuse3 replies from any buffer), not a copy. ``flush`` answers ENOSYS once, after
+  which the kernel stops sending it: a warm small file costs two requests (open, release).
 - **Errors** go through :mod:`.errmap`: ENOENT for missing paths, EIO only for real read failures.
   A read that failed is not retried against the UFS for ``RETRY_WINDOW`` seconds when the kernel
   asks again for the same range (it retries a failed read-ahead page by page), so an outage costs
@@ -34,8 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import os
+import posixpath
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -67,7 +79,6 @@ class _Handle:
     inode: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     failed: tuple = ()  # (monotonic time, offset, size, errno) of the last failed read
-    block: int = -1  # index of the block the DatasetFile holds (the last one it read)
 
 
 class DatacacheOperations(pyfuse3.Operations):
@@ -75,13 +86,15 @@ class DatacacheOperations(pyfuse3.Operations):
 
     ``attr_timeout``: seconds the kernel may cache entries and attributes; ``workers``: threads
     for blocking calls (reads, xattrs, statfs); ``on_init``: called (no arguments, on the event
-    loop) once the kernel's INIT request has been answered, e.g. to set the bdi read-ahead.
+    loop) once the kernel's INIT request has been answered, e.g. to set the bdi read-ahead;
+    ``reload_interval``: seconds between two checks for a new stored manifest (None: never).
     """
 
     supports_dot_lookup = False
     enable_writeback_cache = False
 
-    def __init__(self, client, *, attr_timeout: float = 60.0, workers: int = 32, on_init=None):
+    def __init__(self, client, *, attr_timeout: float = 60.0, workers: int = 32, on_init=None,
+                 reload_interval: float | None = 1.0):
         super().__init__()
         self.client = client
         self.attr_timeout = float(attr_timeout)
@@ -93,7 +106,10 @@ class DatacacheOperations(pyfuse3.Operations):
         self._files: dict[int, _Handle] = {}
         self._dirs: dict[int, tuple] = {}  # fh -> (dir path, [(name, FileEntry | None)])
         self._next_fh = 1
-        self._versions: dict[int, str] = {}  # inode -> version at its last open (keep_cache rule)
+        self._reload_interval = reload_interval
+        self._loop = None
+        self._tasks: set = set()
+        client.on_change(self._on_change)
         self._subdirs: dict[str, int] = {}  # dir path -> number of subdirectories (for st_nlink)
         self._subdirs_of = None  # the manifest _subdirs was computed for
 
@@ -103,6 +119,26 @@ class DatacacheOperations(pyfuse3.Operations):
             # init() runs inside the INIT request, before libfuse sends its reply; call_soon runs
             # after the reply has been written (and processed by the kernel).
             asyncio.get_running_loop().call_soon(self._on_init)
+        self._loop = asyncio.get_running_loop()
+        if self._reload_interval is not None:
+            self._spawn(self._watch_manifest())
+
+    def _spawn(self, coro) -> None:
+        """Run ``coro`` as a task of the loop, referenced until it ends (asyncio keeps only weak
+        references to tasks)."""
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch_manifest(self) -> None:
+        """Pick up a ``datacache sync`` made by another process (the client calls
+        :meth:`_on_change` when the stored manifest is new)."""
+        while True:
+            await asyncio.sleep(self._reload_interval)
+            try:
+                await self._blocking(self.client.maybe_reload)
+            except Exception as err:  # a half-written or unreadable manifest: keep the current one
+                log.warning("could not reload the manifest: %s", err)
 
     def close(self) -> None:
         """Close every open handle and stop the worker pool (after the main loop ended)."""
@@ -120,10 +156,10 @@ class DatacacheOperations(pyfuse3.Operations):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     # -- metadata --------------------------------------------------------------------------------
-    def _resolve(self, path: str):
+    @staticmethod
+    def _resolve(manifest, path: str):
         """``(kind, entry)`` of a dataset path: ``("file", FileEntry)`` or ``("dir", None)``.
         Raises FileNotFoundError (never EIO) when the manifest has no such path."""
-        manifest = self.client.manifest
         entry = manifest.lookup(path)
         if entry is not None:
             return "file", entry
@@ -137,7 +173,8 @@ class DatacacheOperations(pyfuse3.Operations):
             self._subdirs, self._subdirs_of = {}, manifest
         n = self._subdirs.get(path)
         if n is None:
-            n = sum(1 for child in manifest.listdir(path).values() if child is None)
+            children = manifest.listdir(path).values() if manifest.is_dir(path) else ()
+            n = sum(1 for child in children if child is None)
             self._subdirs[path] = n
         return 2 + n
 
@@ -166,9 +203,10 @@ class DatacacheOperations(pyfuse3.Operations):
 
     @translated
     async def lookup(self, parent_inode, name, ctx=None):
-        path = InodeTable.child(self.inodes.path(parent_inode), os.fsdecode(name))
+        path = InodeTable.child(self.inodes.node(parent_inode).path, os.fsdecode(name))
+        generation = self.client.generation  # before the manifest: see DatasetClient.manifest
         try:
-            kind, entry = self._resolve(path)
+            kind, entry = self._resolve(self.client.manifest, path)
         except FileNotFoundError:
             # A negative entry cached for attr_timeout: the manifest is a snapshot, so a missing
             # name stays missing until the next mount (probing loops cost one request).
@@ -176,24 +214,25 @@ class DatacacheOperations(pyfuse3.Operations):
             neg.st_ino = 0
             neg.entry_timeout = self.attr_timeout
             return neg
-        return self._attrs(self.inodes.inode(path), path, entry)
+        return self._attrs(self.inodes.lookup(path, entry, generation), path, entry)
 
     @translated
     async def getattr(self, inode, ctx=None):
-        path = self.inodes.path(inode)
-        _, entry = self._resolve(path)
-        return self._attrs(inode, path, entry)
+        node = self.inodes.node(inode)  # the attributes of the inode's own version
+        return self._attrs(inode, node.path, node.entry)
 
     async def forget(self, inode_list):
-        return None  # inodes are never freed (see inodes.py)
+        for inode, count in inode_list:
+            self.inodes.forget(inode, count)
 
     @translated
     async def opendir(self, inode, ctx):
-        path = self.inodes.path(inode)
+        path = self.inodes.node(inode).path
+        generation = self.client.generation
         children = self.client.manifest.listdir(path)  # raises ENOENT / ENOTDIR
         fh = self._new_fh()
         # A snapshot sorted by name: readdir offsets index it, so they stay valid across calls.
-        self._dirs[fh] = (path, sorted(children.items(), key=lambda kv: kv[0]))
+        self._dirs[fh] = (path, sorted(children.items(), key=lambda kv: kv[0]), generation)
         return fh
 
     @translated
@@ -201,13 +240,14 @@ class DatacacheOperations(pyfuse3.Operations):
         snapshot = self._dirs.get(fh)
         if snapshot is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        path, children = snapshot
+        path, children, generation = snapshot
         for i in range(start_id, len(children)):
             name, entry = children[i]
             child = InodeTable.child(path, name)
-            attrs = self._attrs(self.inodes.inode(child), child, entry)
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
+            inode = self.inodes.number(child, entry)
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attrs(inode, child, entry), i + 1):
                 break
+            self.inodes.remember(inode, child, entry, generation)  # the kernel took a reference
 
     @translated
     async def releasedir(self, fh):
@@ -229,8 +269,8 @@ class DatacacheOperations(pyfuse3.Operations):
     # -- xattrs ----------------------------------------------------------------------------------
     @translated
     async def getxattr(self, inode, name, ctx):
-        kind, entry = self._resolve(self.inodes.path(inode))
-        if kind == "file":
+        entry = self.inodes.node(inode).entry
+        if entry is not None:
             if name == XATTR_CACHED:
                 fraction = await self._blocking(self.client.cached_fraction, entry)
                 return str(round(fraction, 4)).encode()
@@ -242,8 +282,7 @@ class DatacacheOperations(pyfuse3.Operations):
 
     @translated
     async def listxattr(self, inode, ctx):
-        kind, _ = self._resolve(self.inodes.path(inode))
-        return list(FILE_XATTRS) if kind == "file" else []
+        return list(FILE_XATTRS) if self.inodes.node(inode).entry is not None else []
 
     # -- data ------------------------------------------------------------------------------------
     def _new_fh(self) -> int:
@@ -255,19 +294,20 @@ class DatacacheOperations(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
-        path = self.inodes.path(inode)
-        kind, _ = self._resolve(path)
-        if kind == "dir":
+        node = self.inodes.node(inode)
+        if node.entry is None:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        f = self.client.open(path)  # metadata only: pins the current version, no I/O
-        version = f.entry.version
-        previous = self._versions.get(inode)
-        self._versions[inode] = version
-        if previous is not None and previous != version:
-            self.pool.submit(_invalidate_attrs, inode)
+        generation = self.client.generation
+        if node.checked != generation:  # the manifest changed since: is this version still current?
+            current = self.client.manifest.lookup(node.path)
+            if current is None or current.version != node.entry.version:
+                # An inode of an old version, reached through a directory entry cached before the
+                # change: ESTALE makes the kernel look the path up again (and open the new inode).
+                raise pyfuse3.FUSEError(errno.ESTALE)
+            node.checked = generation
         fh = self._new_fh()
-        self._files[fh] = _Handle(f, inode)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=previous == version, direct_io=False)
+        self._files[fh] = _Handle(self.client.open_entry(node.entry), inode)  # metadata only, no I/O
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
 
     @translated
     async def read(self, fh, off, size):
@@ -286,22 +326,20 @@ class DatacacheOperations(pyfuse3.Operations):
             if end <= off:
                 return b""
             first, last = off // bs, (end - 1) // bs
-            if first == last == handle.block:
-                # The Reader keeps the block under its cursor: this read is a slice of memory,
+            if first == last and handle.file.holds(first):
+                # The Reader keeps the block under its cursor: this read is a view of memory,
                 # cheaper on the loop than a round trip through the pool.
-                return handle.file.pread(off, size)
+                return handle.file.view(off, size)
             try:
-                data = await self._blocking(handle.file.pread, off, size)
+                return await self._blocking(handle.file.view, off, size)
             except OSError as err:
-                handle.block = -1
                 handle.failed = (time.monotonic(), off, size, errno_of(err))
                 raise
-            handle.block = last
-            return data
 
-    @translated
     async def flush(self, fh):
-        return None
+        # Nothing is ever dirty. ENOSYS makes the kernel stop sending FLUSH on every close() for
+        # the rest of the session (fuse_flush sets fc->no_flush): one round trip less per file.
+        raise pyfuse3.FUSEError(errno.ENOSYS)
 
     @translated
     async def release(self, fh):
@@ -311,7 +349,7 @@ class DatacacheOperations(pyfuse3.Operations):
 
     @translated
     async def access(self, inode, mode, ctx):
-        self._resolve(self.inodes.path(inode))
+        self.inodes.node(inode)
         return not mode & os.W_OK
 
     # -- read-only: everything that would write -----------------------------------------------
@@ -330,9 +368,51 @@ class DatacacheOperations(pyfuse3.Operations):
     async def readlink(self, inode, ctx):
         raise pyfuse3.FUSEError(errno.EINVAL)  # the dataset has no symlinks
 
+    # -- manifest changes ------------------------------------------------------------------------
+    def _on_change(self, old, new) -> None:
+        """The client's listener (any thread): handle the change on the event loop."""
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._spawn, self._invalidate(old, new))
+            except RuntimeError:  # the loop has ended: nothing is mounted any more
+                pass
 
-def _invalidate_attrs(inode: int) -> None:
-    try:
-        pyfuse3.invalidate_inode(inode, attr_only=True)
-    except OSError as err:  # the kernel forgot the inode, or the session is closing
-        log.debug("invalidate_inode(%d): %s", inode, err)
+    async def _invalidate(self, old, new) -> None:
+        """Invalidate the kernel's directory entries that ``new`` contradicts (see the module's
+        docstring). The diff runs in the pool (O(files), Arrow); the loop only sends the names
+        under directories the kernel holds."""
+        try:
+            names = await self._blocking(stale_names, old, new)
+        except Exception:
+            log.exception("could not diff the manifests; directory entries expire after %s s", self.attr_timeout)
+            return
+        sent = 0
+        for parent, name in names:
+            inode = self.inodes.number(parent, None)
+            if inode in self.inodes:
+                pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
+                sent += 1
+        if names:
+            log.info("manifest changed: %d paths differ, %d directory entries invalidated", len(names), sent)
+
+
+def stale_names(old, new) -> set[tuple[str, str]]:
+    """``(parent dir, name)`` of every directory entry the kernel may hold under ``old`` that
+    ``new`` contradicts: changed files (a new version is a new inode), the shallowest vanished
+    component of deleted paths, and the shallowest new component of added paths (where a negative
+    entry may sit)."""
+    diff = old.diff(new)
+    names = {posixpath.split(p) for p in diff.changed}
+    for manifest, paths in ((new, diff.deleted), (old, diff.added)):
+        is_dir = functools.lru_cache(maxsize=None)(manifest.is_dir)
+        for path in paths:
+            parent, parts = "", path.split("/")
+            for part in parts[:-1]:
+                here = f"{parent}/{part}" if parent else part
+                if not is_dir(here):
+                    break
+                parent = here
+            else:
+                part = parts[-1]
+            names.add((parent, part))
+    return names

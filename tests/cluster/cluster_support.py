@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import urllib.request
 
 from datacache.api.loader import load_resource_dict
 from datacache.cache.budget import MemoryBudget
@@ -57,6 +58,17 @@ def live(home, name: str) -> dict[str, Member]:
         return {m.worker_id: m for m in members.live("default", name)}
     finally:
         members.close()
+
+
+def worker_metrics(home, name: str) -> dict[str, dict[str, float]]:
+    """Each live worker's Prometheus samples (``/metrics`` needs no token), by worker id."""
+    from datacache.cluster.metrics import parse
+
+    out = {}
+    for wid, m in live(home, name).items():
+        with urllib.request.urlopen(m.url + "/metrics", timeout=5) as resp:
+            out[wid] = parse(resp.read().decode())
+    return out
 
 
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
@@ -140,7 +152,7 @@ def reap(home) -> list[int]:
     runtimes = os.path.join(home, "runtimes")
     for ns in os.listdir(runtimes) if os.path.isdir(runtimes) else []:
         for name in os.listdir(os.path.join(runtimes, ns)):
-            supervisor.stop(home, ns, name, timeout=5.0)
+            supervisor.stop(home, ns, name, timeout=15.0)  # a loaded machine exits slowly
     leftovers = processes_of(home)
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)

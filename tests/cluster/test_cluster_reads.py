@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from cluster_support import (MiB, apply_cluster, block_bytes, disrupt_mid_read, kill_worker, live, open_client,
-                             stored_keys, wait_restarted, worker_dirs)
+                             stored_keys, wait_restarted, worker_dirs, worker_metrics)
 from datacache.api.quantity import format_bytes
 from datacache.cache.disk import DiskTier
 from datacache.cluster import auth
@@ -59,13 +59,7 @@ def cluster(module_home, moto_server, tmp_path_factory):
 
 
 def _metrics(home) -> dict[str, dict[str, float]]:
-    from datacache.cluster.metrics import parse
-
-    out = {}
-    for wid, m in live(home, NAME).items():
-        with urllib.request.urlopen(m.url + "/metrics", timeout=5) as resp:
-            out[wid] = parse(resp.read().decode())
-    return out
+    return worker_metrics(home, NAME)
 
 
 def _total(metrics, name):
@@ -307,3 +301,79 @@ def test_a_restarted_worker_keeps_its_blocks(cluster, module_home):
     assert after["datacache_worker_hits_total"] > 0
     assert live(module_home, NAME)["worker-0"].pid == restarted.pid
     client.close()
+
+
+def _data_leaked(body: bytes, contents) -> bool:
+    return any(len(d) >= 64 and d[:64] in body for d in contents.values())
+
+
+def test_a_token_of_another_dataset_gets_401_and_no_data(cluster, module_home):
+    plane, contents = cluster
+    auth.ensure_token(str(module_home), "default", "other")  # a real token, of another runtime
+    other = auth.load_token(str(module_home), "default", "other")
+    assert other != auth.load_token(str(module_home), "default", NAME)
+    client = plane.open_dataset(NAME)
+    params = _block_params(client, "local/multi.bin")
+    key = str(client.source.key(client.stat("local/multi.bin"), 0))
+    client.close()
+    hdr = _auth(module_home, other)
+    for member in live(module_home, NAME).values():
+        for method, path, kwargs in (("GET", "/v1/block", {"params": params}),
+                                     ("GET", "/v1/block", {"params": {"dataset": NAME, "key": key}}),
+                                     ("POST", "/v1/exists", {"body": {"dataset": NAME, "keys": [key]}}),
+                                     ("POST", "/v1/pull", {"body": {"dataset": NAME, "from": "worker-0", "keys": [key]}}),
+                                     ("POST", "/v1/drop", {"body": {"dataset": NAME}})):
+            code, body = _http(method, member.url + path, hdr, **kwargs)
+            assert code == 401 and not _data_leaked(body, contents), (path, code)
+    assert all(stored_keys(module_home, NAME).values())  # the drop was refused
+
+
+def test_oversized_and_malformed_requests_get_4xx_and_no_data(cluster, module_home):
+    from datacache.cluster import wire
+
+    plane, contents = cluster
+    client = plane.open_dataset(NAME)
+    good = _block_params(client, "local/multi.bin")
+    client.close()
+    url, hdr = next(iter(live(module_home, NAME).values())).url, _auth(module_home)
+    json_hdr = {**hdr, "Content-Type": "application/json"}
+    cases = [  # (method, path, headers, params, body, expected status)
+        ("POST", "/v1/exists", json_hdr, None, b"[" + b"1," * (9 << 20) + b"1]", 413),  # past 16 MiB
+        ("POST", "/v1/exists", hdr, None, {"dataset": NAME, "keys": ["x"] * (wire.MAX_KEYS + 1)}, 400),
+        ("POST", "/v1/pull", hdr, None, {"dataset": NAME, "from": "worker-0", "keys": ["x"] * 257}, 400),
+        ("GET", "/v1/block", hdr, {**good, "ufs_path": "a" * 100_000}, None, 400),  # request line too long
+        ("GET", "/v1/block", {**hdr, "X-Pad": "a" * 100_000}, good, None, 400),  # header too long
+        ("GET", "/v1/block", hdr, {**good, "index": "1e3"}, None, 400),
+        ("GET", "/v1/block", hdr, {**good, "size": "9" * 30}, None, 400),
+        ("GET", "/v1/block", hdr, {**good, "ufs_path": good["ufs_path"] + "\0"}, None, 400),
+        ("GET", "/v1/block", hdr, {"dataset": NAME, "key": "../../../etc/passwd"}, None, 400),
+        ("GET", "/v1/block", hdr, {"dataset": NAME, "key": f"{NAME}/../../x/0"}, None, 400),
+        ("GET", "/v1/block", hdr, {"dataset": NAME, "key": f"other/{'0' * 32}/0"}, None, 400),
+        ("GET", "/v1/block", hdr, {"dataset": NAME, "key": f"{NAME}/{'0' * 32}/0"}, None, 404),  # not held
+        ("GET", "/v1/block", hdr, {"dataset": "other", "key": f"other/{'0' * 32}/0"}, None, 409),
+        ("POST", "/v1/exists", json_hdr, None, b"{not json", 400),
+        ("POST", "/v1/exists", hdr, None, [NAME], 400),
+        ("POST", "/v1/exists", hdr, None, {"dataset": NAME, "keys": [1, 2]}, 400),
+        ("POST", "/v1/pull", hdr, None, {"dataset": NAME, "from": "../worker-0", "keys": []}, 400),
+        ("POST", "/v1/fill", hdr, None, {"dataset": NAME, "block_size": BLOCK, "files": {"a": 1}}, 400),
+        ("POST", "/v1/fill", hdr, None, {"dataset": NAME, "block_size": BLOCK,
+                                         "files": [{**good, "blocks": list(range(10))}]}, 400),
+        ("GET", "/v1/nothing", hdr, None, None, 404),
+        ("DELETE", "/v1/block", hdr, good, None, 405),
+    ]
+    for method, path, headers, params, body, status in cases:
+        code, answer = _http(method, url + path, headers, params, body)
+        assert code == status, (path, params and list(params), code, answer[:200])
+        assert not _data_leaked(answer, contents) and b"root:" not in answer and len(answer) < 1000
+    assert _http("GET", url + "/v1/block", hdr, good)[0] == 200  # the worker still serves
+
+
+def test_tokens_are_compared_in_constant_time(monkeypatch):
+    import hmac
+
+    calls, real = [], hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    assert auth.authorized("Bearer s3cret", "s3cret")
+    assert not auth.authorized("Bearer s3cres", "s3cret") and not auth.authorized(None, "s3cret")
+    assert calls == [(b"Bearer s3cret", b"Bearer s3cret"), (b"Bearer s3cres", b"Bearer s3cret"),
+                     (b"", b"Bearer s3cret")]

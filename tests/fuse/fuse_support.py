@@ -112,9 +112,9 @@ def write_secret(home: str, name: str, key: str, value: str) -> None:
 
 
 def apply_dataset(home: str, name: str, endpoint: str, bucket: str, local: str | None,
-                  quota: str = "512Mi") -> None:
+                  quota: str = "512Mi", fuse: dict | None = None) -> None:
     """Declare and apply Dataset + CacheRuntime ``name`` (secrets as files, so that daemons started
-    as subprocesses find them)."""
+    as subprocesses find them); ``fuse``: the runtime's ``spec.fuse`` (camelCase keys)."""
     from datacache.api.loader import load_resources
     from datacache.control.embedded import Embedded
 
@@ -129,7 +129,7 @@ def apply_dataset(home: str, name: str, endpoint: str, bucket: str, local: str |
     docs = [{"apiVersion": "datacache.io/v1alpha1", "kind": "Dataset", "metadata": {"name": name},
              "spec": {"mounts": mounts}},
             {"apiVersion": "datacache.io/v1alpha1", "kind": "CacheRuntime", "metadata": {"name": name},
-             "spec": {"blockSize": "4Mi", "tieredstore": {"levels": [
+             "spec": {"blockSize": "4Mi", "fuse": fuse or {}, "tieredstore": {"levels": [
                  {"mediumtype": "SSD", "path": "cache", "quota": quota}]}}}]
     path = os.path.join(home, f"{name}.yaml")
     with open(path, "w") as f:

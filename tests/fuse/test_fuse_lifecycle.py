@@ -156,6 +156,23 @@ def test_mount_refuses_a_live_mount(fuse_env, mountpoint):
     assert sorted(os.listdir(mountpoint)) == ["local", "s3"]  # the first mount is untouched
 
 
+def test_mount_refuses_a_nonempty_directory_unless_allowed(fuse_env, mountpoint):
+    with open(os.path.join(mountpoint, "mine.txt"), "w") as f:
+        f.write("keep me")
+    for extra in (["--background"], []):  # the CLI's check, and the daemon's own
+        r = cli("mount", fuse_env.name, mountpoint, *extra, home=fuse_env.home)
+        assert r.returncode == 1, r
+        assert r.stderr.strip() == (f"Error: {mountpoint} is not empty: a mount would hide its files; use an "
+                                    f"empty directory, or pass --allow-nonempty to mount over them")
+        assert not is_listed(mountpoint)
+    mount(fuse_env, mountpoint, "--allow-nonempty")
+    assert sorted(os.listdir(mountpoint)) == ["local", "s3"]
+    r = cli("unmount", mountpoint, home=fuse_env.home)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(mountpoint, "mine.txt")) as f:
+        assert f.read() == "keep me"  # hidden while mounted, untouched
+
+
 def test_mount_refuses_max_read(fuse_env, mountpoint):
     r = cli("mount", fuse_env.name, mountpoint, "-o", "max_read=1048576", home=fuse_env.home)
     assert r.returncode == 1 and "max_read" in r.stderr and "Traceback" not in r.stderr

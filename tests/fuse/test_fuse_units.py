@@ -14,17 +14,46 @@ from datacache_fuse.errmap import errno_of
 from datacache_fuse.inodes import ROOT, InodeTable
 
 
-def test_inode_table_is_stable_and_lazy():
+def test_inode_table_one_inode_per_version_stable_and_bounded_by_forget():
+    from datacache.manifest import FileEntry
+
+    v1 = FileEntry("s3/a.bin", "s3", "b/a.bin", 10, 1.0, "etag-1")
+    v2 = FileEntry("s3/a.bin", "s3", "b/a.bin", 20, 2.0, "etag-2")
     t = InodeTable()
-    assert t.path(ROOT) == "" and t.inode("") == ROOT
-    a = t.inode("s3/a.bin")
-    b = t.inode("s3")
-    assert a != b and t.inode("s3/a.bin") == a and t.path(a) == "s3/a.bin"
-    assert len(t) == 3
+    assert t.node(ROOT).path == "" and t.number("", None) == ROOT
+    a1 = t.lookup("s3/a.bin", v1, 0)
+    d = t.lookup("s3", None, 0)
+    a2 = t.lookup("s3/a.bin", v2, 1)
+    assert len({a1, d, a2, ROOT}) == 4 and len(t) == 4
+    assert t.node(a1).entry is v1 and t.node(a2).entry is v2 and t.node(d).entry is None
+    assert t.node(a1).checked == 0 and t.node(a2).checked == 1
+    assert t.lookup("s3/a.bin", v1, 0) == a1  # same version, same number
+    assert InodeTable().number("s3/a.bin", v1) == a1  # derived from the name: same after a remount
+    assert all(ROOT < n < 1 << 63 for n in (a1, a2, d))
+    t.forget(a1, 1)
+    assert a1 in t  # one lookup left
+    t.forget(a1, 1)
+    t.forget(ROOT, 5)  # the root stays
+    assert a1 not in t and ROOT in t and len(t) == 3
+    assert t.number("s3/a.bin", v1) == a1  # forgotten, then the same number again
     with pytest.raises(FileNotFoundError):
-        t.path(9999)
+        t.node(a1)
     with pytest.raises(FileNotFoundError):
-        t.path(0)
+        t.node(0)
+
+
+def test_stale_names_are_the_entries_the_new_manifest_contradicts():
+    from datacache.manifest import FileEntry, Manifest
+    from datacache_fuse.ops import stale_names
+
+    def manifest(**versions):
+        return Manifest.from_entries(FileEntry(p.replace("__", "/"), "m", p, 1, 0.0, v) for p, v in versions.items())
+
+    old = manifest(keep="1", d__changed="1", d__gone="1", olddir__sub__x="1", d__sub__y="1")
+    new = manifest(keep="1", d__changed="2", d__sub__y="1", d__new="1", newdir__deep__z="1")
+    assert stale_names(old, new) == {("d", "changed"), ("d", "gone"), ("", "olddir"), ("d", "new"),
+                                     ("", "newdir")}
+    assert stale_names(old, old) == set()
 
 
 def test_child_paths_resolve_dot_names_and_reject_slashes():
@@ -83,3 +112,35 @@ def test_canonical_resolves_parents_not_the_last_component(tmp_path):
     os.symlink(real, tmp_path / "link")
     assert mountinfo.canonical(str(tmp_path / "link" / "mnt")) == str(real / "mnt")
     assert mountinfo.canonical(str(tmp_path / "link")) == str(tmp_path / "link")
+
+
+def test_sequential_reader_loads_the_next_block_ahead_within_the_budget(datacache_home, tmp_path):
+    from support import apply_dataset
+
+    from fuse_support import wait_until
+
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(6 * (4 << 20) + 99)
+    (src / "f.bin").write_bytes(data)
+    plane = apply_dataset(datacache_home, "ahead", [{"name": "local", "mountPoint": str(src)}])
+    client = plane.open_dataset("ahead")
+    try:
+        budget = client.source.budget
+        mib = 1 << 20
+        with client.open("f.bin") as f:
+            got = [bytes(f.view(off, mib)) for off in range(0, 8 * mib, mib)]  # blocks 0 and 1
+            assert b"".join(got) == data[:8 * mib]
+            wait_until(lambda: f.holds(2), 10, "block 2 to be loaded ahead")
+            assert not f.holds(3)
+            assert isinstance(f.view(8 * mib, 100), memoryview)  # no copy inside one block
+            assert f.pread(8 * mib - 10, 20) == data[8 * mib - 10:8 * mib + 10]  # across blocks
+            assert f.pread(20 * mib, 4 << 20) == data[20 * mib:24 * mib]  # a jump drops block 3 ahead
+            assert f.pread(len(data) - 50, 100) == data[-50:]
+        wait_until(lambda: budget.used == 0, 10, "the budget to be released")
+        with client.open("f.bin") as f:
+            assert f.read() == data  # whole-file reads too
+        wait_until(lambda: budget.used == 0, 10, "the budget to be released")
+    finally:
+        client.close()
+        plane.close()

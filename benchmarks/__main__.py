@@ -1,0 +1,202 @@
+"""``python -m benchmarks``: datacache side by side with its peers, on one machine, in one run.
+
+Run from the repository root, as root (FUSE mounts; the page cache is dropped before cold epochs)::
+
+    python -m benchmarks --quick          # about 3 minutes on 2 cores
+    python -m benchmarks                  # full sizes, 10-15 minutes; writes benchmarks/RESULTS.md
+
+It starts moto's S3 server on loopback behind ``benchmarks.proxy.DelayProxy`` (``--latency-ms``
+first-byte latency, ``--bandwidth-mbps`` per connection: a remote object store), builds the
+dataset into the bucket (``datacache.demo.data``: an ImageNet-style JPEG tree, a WebDataset tar
+shard, Parquet files with several row groups), runs every system of ``benchmarks.systems`` through
+the workloads of ``benchmarks.peers`` and writes ``RESULTS.md`` (machine, date, settings, the
+ratio table, the memory table) and ``RESULTS.png`` (the chart) into ``--out``. Every system's
+bytes are checked against the generator's checksums. Exit status: 0, or 1 when a system that is
+installed failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from benchmarks.common import DemoEnvironment
+from benchmarks.fuse_read import Mounts
+from benchmarks.peers import Outcome, PeerBench
+from benchmarks.report import chart, markdown_table, memory_rows, ratio_rows
+from benchmarks.systems import SYSTEMS, make_systems
+
+#: (quick, full) defaults of the size options
+SIZES = {
+    "files": (200, 1500),
+    "shard_mib": (32, 256),
+    "parquet_files": (2, 3),
+    "parquet_rows": (40_000, 200_000),
+    "row_group_rows": (10_000, 25_000),
+    "parquet_reads": (30, 100),
+    "repeat": (3, 3),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes: about 3 minutes on 2 cores")
+    for name, (quick, full) in SIZES.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
+                        help=f"default {full:,} ({quick:,} with --quick)")
+    ap.add_argument("--workers", type=int, default=4, help="reader processes (DataLoader num_workers; default 4)")
+    ap.add_argument("--latency-ms", type=float, default=20.0, help="first-byte latency the proxy adds (default 20)")
+    ap.add_argument("--bandwidth-mbps", type=float, default=100.0,
+                    help="MB/s per connection through the proxy, 0: unlimited (default 100)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help=f"comma-separated, the local copy first (default: all: {','.join(SYSTEMS)})")
+    ap.add_argument("--out", default=None,
+                    help="where RESULTS.md and RESULTS.png go (default: benchmarks/ for a full run, "
+                         "a new temporary directory with --quick)")
+    ap.add_argument("--keep", action="store_true", help="keep the working directory (data, caches)")
+    ap.add_argument("--quiet", action="store_true", help="print only the tables")
+    args = ap.parse_args(argv)
+    args.command = " ".join(["python -m benchmarks", *(sys.argv[1:] if argv is None else argv)])
+    for name, (quick, full) in SIZES.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.workers < 1 or args.latency_ms < 0 or args.bandwidth_mbps < 0:
+        ap.error("--workers must be >= 1, --latency-ms and --bandwidth-mbps >= 0")
+    args.systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown or not args.systems or args.systems[0] != "local":
+        ap.error(f"--systems: unknown {unknown} or the local copy is not first (known: {','.join(SYSTEMS)})"
+                 if unknown else "--systems must start with 'local' (the limit and the reference checksums)")
+    if args.out is None:
+        args.out = tempfile.mkdtemp(prefix="datacache-bench-quick-") if args.quick else \
+            os.path.dirname(os.path.abspath(__file__))
+    return args
+
+
+@dataclass
+class Report:
+    """A finished run: the outcomes, the markdown text written, the files' paths, the dataset's
+    ``sizes`` ({imagenet|shards|parquet: (files, bytes)}) and the removed working directory."""
+
+    outcomes: list[Outcome]
+    text: str
+    results_md: str
+    chart_png: str
+    goals_met: int
+    goals: int
+    sizes: dict[str, tuple[int, int]]
+    work: str
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False).stdout
+    except OSError:
+        return "not installed"
+    return out.splitlines()[0].strip() if out else "unknown"
+
+
+def machine() -> str:
+    """CPU model, cores, memory and kernel of this machine (Linux ``/proc``)."""
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    mem = next((int(ln.split()[1]) // 1024 for ln in open("/proc/meminfo") if ln.startswith("MemTotal")), 0)
+    return f"{cpu}, {os.cpu_count()} CPUs, {mem / 1024:,.1f} GiB RAM, Linux {platform.release()}"
+
+
+def run(args: argparse.Namespace, log) -> Report:
+    """Set everything up, run every system, write ``RESULTS.md`` / ``RESULTS.png`` into ``args.out``."""
+    import fsspec
+
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    log(f"==> building the dataset ({args.files:,} JPEGs, a {args.shard_mib} MiB shard, {args.parquet_files} "
+        f"Parquet files) on moto S3 behind the delay proxy")
+    with DemoEnvironment(n_jpeg=args.files, shard_bytes=args.shard_mib << 20, keep=args.keep,
+                         latency_ms=args.latency_ms, bandwidth_mbps=args.bandwidth_mbps,
+                         n_parquet=args.parquet_files, parquet_rows=args.parquet_rows,
+                         row_group_size=args.row_group_rows) as env:
+        log(f"    built in {env.build_seconds:.1f}s under {env.work}")
+        mounts = Mounts()
+        try:
+            bench = PeerBench(env, make_systems(env, mounts, args.systems), mounts, args.workers,
+                              args.parquet_reads, log, args.repeat)
+            outcomes = bench.run()
+        finally:
+            for problem in mounts.cleanup():
+                print(f"cleanup: {problem}", file=sys.stderr)
+        sizes = {k: (len(env.files(f"s3/{k}/")), env.total_bytes(env.files(f"s3/{k}/")))
+                 for k in ("imagenet", "shards", "parquet")}
+        proxy = env.proxy.describe() if env.proxy is not None else "none"
+        work = env.work
+    elapsed = time.perf_counter() - t0
+    load1 = os.getloadavg()
+
+    headers, rows, met, goals = ratio_rows(outcomes)
+    mem_headers, mem = memory_rows(outcomes)
+    os.makedirs(args.out, exist_ok=True)
+    png = chart(outcomes, os.path.join(args.out, "RESULTS.png"),
+                f"datacache vs peers ({'quick' if args.quick else 'full'} run, {started})")
+    data = "; ".join(f"{k}: {n:,} file{'s' if n != 1 else ''}, {b / 1e6:,.1f} MB" for k, (n, b) in sizes.items())
+    text = "\n".join([
+        f"# Benchmarks: datacache and its peers ({'quick' if args.quick else 'full'} run)",
+        "",
+        f"- date: {started}; total time {elapsed:,.0f} s",
+        f"- machine: {machine()}; load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end "
+        f"(other jobs share this machine when it is above ~1: the figures are then noisy)",
+        f"- software: Python {platform.python_version()}, fsspec {fsspec.__version__}, "
+        f"{_version(['rclone', 'version'])}, {_version(['s3fs', '--version'])}",
+        f"- source: moto S3 on loopback behind the delay proxy ({proxy})",
+        f"- data: {data}",
+        f"- readers: {args.workers} worker processes, shuffled order (DataLoader-shaped, persistent workers); "
+        f"{args.parquet_reads} random row-group reads; warm epoch and shard: median of {args.repeat} passes; every byte checked against the source's checksums",
+        f"- command: `{args.command}`",
+        "",
+        "Ratios: each system's rate / the local copy's (the limit), and / the best peer's (rclone, s3fs-fuse, "
+        "fsspec's caches). Warmup: the local copy is parallel GETs, one per object (what the delayed source delivers); "
+        "peers read every file once; datacache runs `datacache warmup`. Shard and Parquet reads follow the "
+        "warmup; the cold epoch starts from an empty cache (page cache dropped), the warm epoch is the next one.",
+        "",
+        "Caveat: moto reads a whole object for every ranged GET, so systems that fetch a large object in "
+        "ranges (datacache's warmup, blockcache, rclone's chunked reads) make it read the shard many times "
+        "over, while one whole-object GET (the local copy, simplecache, s3fs-fuse) reads it once: on this "
+        "source the warmup row understates ranged readers. A real object store serves ranges at full speed.",
+        "",
+        markdown_table(headers, rows),
+        "",
+        f"Goals met: {met}/{goals}.",
+        "",
+        "Peak memory (RSS, MiB) of each system's processes:",
+        "",
+        markdown_table(mem_headers, mem),
+        "",
+        f"![chart]({os.path.basename(png)})",
+        "",
+    ])
+    md = os.path.join(args.out, "RESULTS.md")
+    with open(md, "w") as f:
+        f.write(text)
+    return Report(outcomes, text, md, png, met, goals, sizes, work)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+    report = run(args, log)
+    print()
+    print(report.text)
+    print(f"written: {report.results_md}, {report.chart_png}")
+    failed = [o for o in report.outcomes if o.status.startswith("failed")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

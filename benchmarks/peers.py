@@ -1,0 +1,217 @@
+"""The side-by-side run behind ``python -m benchmarks``: every system, every workload, one run.
+
+``PeerBench(env, systems, mounts, workers, parquet_reads, log, repeat).run()`` measures, for each
+system in turn (the local copy first: its bytes, checked by sha256 against the generator's, give
+the reference checksums every other system is checked against), starting from an empty cache
+(and the page cache dropped, when root):
+
+- **cold epoch**: one epoch over the JPEG tree with the DataLoader-shaped reader
+  (``benchmarks.loader``: ``workers`` processes, shuffled order), files/s and MB/s; for the local
+  copy (made before, untimed) it is the copy read with the page cache dropped;
+- **warm epoch**: the next epochs (``repeat``, each with another shuffle, the same worker
+  processes); the median is kept;
+- **warmup**: bring the large objects (the shard and the Parquet files) into the cache, MB/s (see
+  ``benchmarks.systems``: parallel GETs for the local copy, the warmup engine for
+  datacache, one read of every file with the reader pool for the peers). The JPEG tree's first
+  copy is the cold epoch;
+- **shard**: sequential read of the WebDataset shard(s), one stream, 1 MiB reads, MB/s (the
+  median of ``repeat`` passes: the first is served by the system's cache, later ones may be by
+  the kernel's page cache, as a second epoch would be);
+- **parquet**: ``parquet_reads`` random row groups (uniform over files x row groups, with
+  replacement, the same list for every system) read with pyarrow, row groups/s.
+
+Every read is checked (xxh3-64 of whole files, row-group sums); a system whose reads fail, or
+that raises, is marked ``failed: <first error>`` and the run goes on with the next. Peak memory:
+the serving process's ``VmHWM`` (FUSE daemons), the warmup process's (``datacache warmup``), and
+the largest reader process's (where ``datacache://`` and fsspec's caches live).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from benchmarks.common import DemoEnvironment
+from benchmarks.fuse_read import DROP_CACHES, Mounts, drop_caches
+from benchmarks.loader import ReaderPool, Result, Task, file_checksum, rowgroup_checksum
+from benchmarks.systems import System
+
+__all__ = ["GOALS", "WORKLOADS", "Goal", "Outcome", "PeerBench", "Workload"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``key``, a ``title`` for tables, the ``unit`` its ratios compare (files/s, MB/s, row groups/s)."""
+
+    key: str
+    title: str
+    unit: str
+
+
+WORKLOADS = (
+    Workload("warmup", "warmup / first copy (shard + Parquet)", "MB/s"),
+    Workload("cold", "JPEG tree, cold epoch", "files/s"),
+    Workload("warm", "JPEG tree, warm epoch", "files/s"),
+    Workload("shard", "shard, sequential read", "MB/s"),
+    Workload("parquet", "Parquet, random row groups", "row groups/s"),
+)
+
+
+@dataclass(frozen=True)
+class Goal:
+    """Issue 8's goals: ``system`` (a role or a system name) >= ``vs_local`` x the local copy and
+    >= ``vs_peer`` x the best peer in ``workload``."""
+
+    workload: str
+    systems: tuple[str, ...]
+    vs_local: float
+    vs_peer: float
+
+
+GOALS = (
+    Goal("warm", ("datacache FUSE mount",), 0.7, 2.0),
+    Goal("warmup", ("datacache FUSE mount", "datacache:// (fsspec)"), 0.9, 1.0),
+)
+
+
+@dataclass
+class Measure:
+    """One timed pass: wall ``seconds``, ``nbytes``, ``items`` (files or row groups)."""
+
+    seconds: float
+    nbytes: int
+    items: int
+
+    def rate(self, unit: str) -> float:
+        """Per second in ``unit``: MB/s (10^6 bytes), files/s or row groups/s."""
+        return (self.nbytes / 1e6 if unit == "MB/s" else self.items) / self.seconds
+
+
+@dataclass
+class Outcome:
+    """What one system did: ``status`` ok | not installed (...) | failed: ..., its measures by
+    workload key, and peak RSS in MiB (None where there is no such process)."""
+
+    system: str
+    role: str
+    status: str = "ok"
+    measures: dict[str, Measure] = field(default_factory=dict)
+    daemon_rss_mib: float | None = None
+    warmup_rss_mib: float | None = None
+    reader_rss_mib: float | None = None
+    seconds: float = 0.0
+
+
+class PeerBench:
+    """See the module doc. ``env``: a started ``DemoEnvironment``; ``systems``: from
+    ``benchmarks.systems.make_systems`` (the local copy first); ``mounts``: where the systems'
+    mounts are recorded, cleaned up by the caller."""
+
+    def __init__(self, env: DemoEnvironment, systems: list[System], mounts: Mounts, workers: int,
+                 parquet_reads: int, log: Callable[[str], None], repeat: int = 3):
+        if not systems or systems[0].role != "local":
+            raise ValueError("the local copy must be the first system (it gives the reference checksums)")
+        self.env, self.systems, self.mounts = env, systems, mounts
+        self.workers, self.parquet_reads, self.log, self.repeat = workers, parquet_reads, log, repeat
+        self.outcomes: list[Outcome] = []
+        self.checksums: dict[str, int] = {}
+        self.rowgroups: list[Task] = []
+        self.can_drop = os.access(DROP_CACHES, os.W_OK)
+
+    # -- reference -------------------------------------------------------------------------------
+    def paths(self, prefix: str) -> list[str]:
+        return self.env.files(prefix)
+
+    def make_reference(self, root: str) -> None:
+        """Check the local copy against the generator's sha256, then take every file's xxh3 and every
+        row group's sums from it; choose the random row groups."""
+        import pyarrow.parquet as pq
+
+        all_rowgroups = []
+        for p in self.paths("s3/"):
+            with open(os.path.join(root, p[len("s3/"):]), "rb") as f:
+                data = f.read()
+            if hashlib.sha256(data).hexdigest() != self.env.sums[p]:
+                raise AssertionError(f"local copy of {p}: sha256 differs from the generator's")
+            self.checksums[p] = file_checksum(data)
+            if p.endswith(".parquet"):
+                with open(os.path.join(root, p[len("s3/"):]), "rb") as f:
+                    pf = pq.ParquetFile(f)
+                    for i in range(pf.num_row_groups):
+                        rg = pf.metadata.row_group(i)
+                        size = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
+                        all_rowgroups.append(Task("rowgroup", p, rowgroup_checksum(pf.read_row_group(i)), i, size))
+        rng = random.Random(7)
+        self.rowgroups = [rng.choice(all_rowgroups) for _ in range(self.parquet_reads)]
+
+    def tasks(self, prefix: str, kind: str) -> list[Task]:
+        return [Task(kind, p, self.checksums.get(p)) for p in self.paths(prefix)]
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> list[Outcome]:
+        for system in self.systems:
+            out = Outcome(system.name, system.role)
+            self.outcomes.append(out)
+            if system.missing:
+                out.status = system.missing
+                self.log(f"==> {system.name}: {system.missing}")
+                continue
+            t0 = time.perf_counter()
+            try:
+                self.run_system(system, out)
+            except Exception as err:  # noqa: BLE001 - one system's failure is a row, not the end of the run
+                out.status = f"failed: {type(err).__name__}: {err}"[:400]
+                if system.role == "local":
+                    raise
+            finally:
+                system.end()
+                out.daemon_rss_mib, out.warmup_rss_mib = system.daemon_rss_mib, system.warmup_rss_mib
+                out.seconds = time.perf_counter() - t0
+            self.log(f"    {system.name}: {out.status}, {out.seconds:.1f}s")
+        return self.outcomes
+
+    def _record(self, out: Outcome, key: str, *passes: Result) -> None:
+        """Keep the median pass (by time; the lower middle of an even count); any error fails."""
+        for r in passes:
+            if r.errors:
+                raise AssertionError(f"{WORKLOAD_TITLES[key]}: {len(r.errors)} failed read(s), e.g. {r.errors[0]}")
+            if r.peak_rss_mib:
+                out.reader_rss_mib = max(out.reader_rss_mib or 0.0, r.peak_rss_mib)
+        r = sorted(passes, key=lambda p: p.seconds)[(len(passes) - 1) // 2]
+        out.measures[key] = Measure(r.seconds, r.nbytes, r.items)
+        unit = WORKLOAD_UNITS[key]
+        self.log(f"    {out.system}: {WORKLOAD_TITLES[key]}: {out.measures[key].rate(unit):,.1f} {unit} "
+                 f"({r.nbytes / 1e6:,.1f} MB in {r.seconds:.2f}s)")
+
+    def run_system(self, system: System, out: Outcome) -> None:
+        self.log(f"==> {system.name}")
+        opener = system.begin()
+        large = [p for p in self.paths("s3/") if not p.startswith("s3/imagenet/")]
+        if system.role == "local":
+            system.warmup(None, [Task("stream", p, None) for p in self.paths("s3/imagenet/")])  # untimed
+            self._record(out, "warmup", system.warmup(None, [Task("stream", p, None) for p in large]))
+            self.make_reference(opener.prefix)
+        jpegs = self.tasks("s3/imagenet/", "whole")
+        with ReaderPool(opener, self.workers) as pool:
+            if self.can_drop:
+                drop_caches()
+            self._record(out, "cold", pool.run(jpegs, seed=1))
+            self._record(out, "warm", *(pool.run(jpegs, seed=2 + k) for k in range(self.repeat)))
+            if system.role != "local":
+                self._record(out, "warmup", system.warmup(pool, [Task("stream", p, self.checksums[p]) for p in large]))
+            self._record(out, "shard", *(pool.run(self.tasks("s3/shards/", "stream")) for _ in range(self.repeat)))
+            self._record(out, "parquet", pool.run(self.rowgroups, seed=3))
+        system.end()
+        if system.role != "local":
+            for d in os.listdir(self.env.work):  # this system's cache
+                if d.startswith(system.slug + "-") and not d.endswith("-mnt"):
+                    shutil.rmtree(os.path.join(self.env.work, d), ignore_errors=True)
+
+
+WORKLOAD_TITLES = {w.key: w.title for w in WORKLOADS}
+WORKLOAD_UNITS = {w.key: w.unit for w in WORKLOADS}

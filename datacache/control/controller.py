@@ -1,0 +1,139 @@
+"""The long-running embedded controller (``datacache controller``): what Kubernetes controllers do
+for Fluid, on one machine, over the embedded state database.
+
+Every ``interval`` seconds one :meth:`Controller.tick`:
+
+- syncs each Dataset whose ``spec.autoSyncInterval`` (seconds) has passed since its last sync
+  (:meth:`Embedded.sync`, which also fires the OnEvent DataLoads the sync's diff touches);
+- runs each Cron DataLoad whose schedule has come since its ``lastScheduleTime`` (or creation);
+- evaluates each CacheRuntime's ``spec.autoscale`` with :func:`.autoscale.decide` on its workers'
+  capacity and use, and scales it (:meth:`Embedded.scale`).
+
+One resource's failure is logged and does not stop the others. Work runs in the tick's thread, one
+item at a time: a long DataLoad delays the next tick, it never runs twice at once. Scale-in stops
+the highest-numbered workers (the supervisor's rule); the decision's least-hot victims are logged.
+The time of the last scaling is kept in the runtime's ``status.lastScaleTime``, so a cooldown
+survives a restart of the controller; how long the use has been low is kept in memory only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable
+
+from datacache.api.loader import load_resource_dict
+from datacache.control import autoscale, dataloads, supervisor
+from datacache.control.embedded import Embedded
+from datacache.control.state import iso
+from datacache.errors import DatacacheError
+
+log = logging.getLogger("datacache.controller")
+
+
+class Controller:
+    """Reconciles the time-driven parts of the resources in ``plane``; ``clock`` gives epoch seconds."""
+
+    def __init__(self, plane: Embedded, clock: Callable[[], float] = time.time):
+        self.plane = plane
+        self.clock = clock
+        self._synced: dict[tuple[str, str], float] = {}
+        self._low_since: dict[tuple[str, str], float | None] = {}
+        self._hits: dict[tuple[str, str, str], int] = {}
+        self._stop: threading.Event | None = None  # cancels a running DataLoad when set
+
+    def run(self, stop: threading.Event, interval: float = 1.0) -> None:
+        """Tick every ``interval`` seconds until ``stop`` is set (a running DataLoad is cancelled)."""
+        self._stop = stop
+        while not stop.is_set():
+            self.tick()
+            stop.wait(interval)
+
+    def tick(self) -> list[str]:
+        """One pass over every resource; returns one line per action taken (also logged)."""
+        events = []
+        for kind, step in (("Dataset", self._auto_sync), ("DataLoad", self._cron), ("CacheRuntime", self._autoscale)):
+            for doc in self.plane.state.list(kind):
+                meta = doc["metadata"]
+                try:
+                    line = step(doc, self.clock())
+                except (DatacacheError, OSError) as err:
+                    line = f"{kind.lower()} {meta['namespace']}/{meta['name']}: failed: {err}"
+                    log.warning("%s", line)
+                    continue
+                if line:
+                    log.info("%s", line)
+                    events.append(line)
+        return events
+
+    # -- autoSync ------------------------------------------------------------------------------------
+    def _auto_sync(self, doc: dict, now: float) -> str:
+        interval = doc["spec"].get("autoSyncInterval")
+        if not interval:
+            return ""
+        ns, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
+        last = self._synced.get((ns, name))
+        if last is None:  # after a restart: the manifest's time is the last sync's
+            path = os.path.join(self.plane.home, "datasets", ns, name, "manifest.parquet")
+            last = os.path.getmtime(path) if os.path.exists(path) else 0.0
+        if now - last < interval:
+            return ""
+        self._synced[(ns, name)] = now
+        added, changed, deleted = self.plane.sync(name, ns).counts
+        return f"dataset {ns}/{name} synced: {added} added, {changed} changed, {deleted} deleted"
+
+    # -- Cron DataLoads ------------------------------------------------------------------------------
+    def _cron(self, doc: dict, now: float) -> str:
+        spec, status = doc["spec"], doc.get("status") or {}
+        if spec.get("policy") != "Cron" or status.get("phase") == "Executing":
+            return ""
+        meta = doc["metadata"]
+        if not dataloads.cron_due(spec["schedule"], status.get("lastScheduleTime"), meta.get("creationTimestamp"), now):
+            return ""
+        dataload = load_resource_dict(doc, f"state:DataLoad/{meta['namespace']}/{meta['name']}")
+        result = self.plane.run_dataload(dataload, cancel=self._stop)
+        return f"dataload {meta['namespace']}/{meta['name']} ran on schedule: {'Complete' if result.ok else 'Failed'}"
+
+    # -- autoscale -----------------------------------------------------------------------------------
+    def _autoscale(self, doc: dict, now: float) -> str:
+        if not (doc["spec"].get("autoscale")):
+            return ""
+        runtime = load_resource_dict(doc, "state:CacheRuntime")
+        ns, name = runtime.metadata.namespace, runtime.metadata.name
+        policy, current = runtime.spec.autoscale, runtime.spec.replicas
+        metrics = self.metrics(runtime)
+        self._low_since[(ns, name)] = autoscale.low_since(policy, metrics, now, self._low_since.get((ns, name)))
+        last = (doc.get("status") or {}).get("lastScaleTime")
+        decision = autoscale.decide(policy, current, metrics, now, dataloads.parse_iso(last) if last else None,
+                                    below_since=self._low_since[(ns, name)])
+        if decision.replicas == current:
+            return ""
+        line = self.plane.scale(name, decision.replicas, ns)
+        status = self.plane.refresh_status("CacheRuntime", name, ns)
+        status["lastScaleTime"] = iso(now)  # kept by later refreshes: cooldowns survive restarts
+        self.plane.state.set_status("CacheRuntime", name, ns, status)
+        self._low_since.pop((ns, name), None)
+        victims = f" (least hot: {', '.join(decision.remove)})" if decision.remove else ""
+        return f"{line}: {decision.reason}{victims}"
+
+    def metrics(self, runtime) -> list[autoscale.WorkerMetrics]:
+        """The ready workers' capacity and used bytes; ``hot_bytes`` is the block hits since the
+        previous call × the block size (an upper bound: a file's last block is shorter)."""
+        ns, name = runtime.metadata.namespace, runtime.metadata.name
+        if supervisor.distributed(runtime):
+            from datacache.cluster.status import observe_workers
+
+            workers = [w for w in observe_workers(self.plane.home, runtime) if w["ready"]]
+        else:
+            store = self.plane.store_for(runtime)
+            workers = [{"name": f"{name}-worker-0", "capacity": store.capacity, "used": store.used(), "hits": 0}]
+            store.close()
+        out = []
+        for w in workers:
+            before = self._hits.get((ns, name, w["name"]), w["hits"])
+            self._hits[(ns, name, w["name"])] = w["hits"]
+            out.append(autoscale.WorkerMetrics(w["name"], w["capacity"], w["used"],
+                                               max(w["hits"] - before, 0) * runtime.spec.block_size_bytes))
+        return out

@@ -1,0 +1,43 @@
+"""Cached bytes of a dataset, from one scan of the block stores' indexes (cases C13, C14).
+
+Asking the store about every block of every file costs one index lookup per block (41 s for a
+dataset of 1,000,000 files). Instead the stores' keys are listed once into a set, and the manifest
+is walked once computing each file's current block keys (``dataset/file_id/index``, see
+:mod:`datacache.cache.blocks`): blocks of old versions are held but never counted.
+Needs no UFS access, so status never needs the UFS credentials.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from datacache.cache.blocks import block_count, file_id
+from datacache.manifest import Manifest
+
+_BATCH_ROWS = 65536  # manifest rows turned into Python values at a time
+
+
+def cached_bytes(manifest: Manifest, stored: set[str], dataset: str, block_size: int) -> int:
+    """Bytes of ``manifest``'s current-version blocks whose keys (``str(BlockKey)``) are in
+    ``stored``; the last block of a file counts its real, shorter length. Reads the manifest's
+    columns batch by batch (no per-row objects): about 1 s per million files."""
+    if not stored:
+        return 0
+    total = 0
+    for batch in manifest.table.select(["mount", "ufs_path", "version", "size"]).to_batches(_BATCH_ROWS):
+        mounts, paths, versions, sizes = (col.to_pylist() for col in batch.columns)
+        for mount, path, version, size in zip(mounts, paths, versions, sizes):
+            prefix = f"{dataset}/{file_id(mount, path, version, block_size)}/"
+            for i in range(block_count(size, block_size)):
+                if prefix + str(i) in stored:
+                    total += min(block_size, size - i * block_size)
+    return total
+
+
+def store_keys(store) -> Iterable[str]:
+    """Keys of every level of a TieredStore that can list them (disk levels); a MEM level of
+    another process is not visible, and is empty in this one."""
+    for level in store.levels:
+        keys = getattr(level, "keys", None)
+        if keys is not None:
+            yield from keys()

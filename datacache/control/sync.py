@@ -1,0 +1,172 @@
+"""Metadata sync in bounded memory (case C12): a UFS listing in, a sorted manifest and a diff out.
+
+The namespace is never held in Python objects, whatever the number of files:
+
+1. The listing (streamed by ``UnionNamespace.list_files``) is gathered in batches of
+   ``BATCH_ROWS`` entries; each batch is sorted by path (Arrow) and appended to the current *run*
+   (a temporary Parquet file) when it starts after the run's last path, else it opens a new run.
+   A listing already in order (S3 lists keys in order) makes one run, which becomes the manifest as
+   it is; otherwise the runs are merged, ``MERGE_ROWS`` rows per run at a time, with Arrow's sort
+   (``manifest.aligned_batches``): an external merge sort that takes advantage of natural runs
+   (Knuth, TAOCP vol. 3, 5.4.1).
+2. The diff is a merge join of the old and the new manifest's (path, version) columns read batch
+   by batch (``manifest.diff_batches``); every change goes to ``diff.parquet`` beside the manifest
+   and the returned ManifestDiff keeps the counts and the first ``DIFF_LIMIT`` paths of each kind.
+3. The new manifest replaces the old one atomically (rename), once the diff is written.
+
+Memory: O(BATCH_ROWS + MERGE_FANIN × MERGE_ROWS) rows (more runs are merged in passes). When two mounts map files to the same dataset
+path, the later mount's file wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import shutil
+import tempfile
+from typing import Callable, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from datacache.entry import FileEntry
+from datacache.manifest import BATCH_ROWS, SCHEMA, ManifestDiff, aligned_batches, diff_batches, entries_table
+
+__all__ = ["sync_manifest", "DIFF_FILE"]
+
+DIFF_FILE = "diff.parquet"
+MERGE_ROWS = 4096  # rows read at a time from each run while merging
+MERGE_FANIN = 16  # runs merged at once
+LIST_CHUNK = 8192  # files turned from Python objects into Arrow at a time; progress is reported after each
+
+Progress = Callable[[int], None]
+"""``on_progress(files_listed)``: called after every chunk of (up to) LIST_CHUNK files."""
+
+
+def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: Progress | None = None,
+                  batch_rows: int = BATCH_ROWS) -> ManifestDiff:
+    """Write the manifest of ``files`` (any order) to ``manifest_path`` (Parquet, sorted by path,
+    mode 0600, replaced atomically) and return the diff from the manifest stored there before (an
+    empty one counts as nothing: every file is added). The full diff is written to ``diff.parquet``
+    in the same directory (``ManifestDiff.file``), replaced by the next sync.
+
+    Errors of the listing (``ResourceError`` from ``list_files``) propagate and leave the stored
+    manifest as it was. Temporary files live in a 0700 directory beside the manifest.
+    """
+    directory = os.path.dirname(os.path.abspath(manifest_path))
+    work = tempfile.mkdtemp(prefix=".sync-", dir=directory)
+    try:
+        new_path = os.path.join(work, "manifest.parquet")
+        runs = _write_runs(files, work, on_progress, batch_rows)
+        while len(runs) > MERGE_FANIN:  # merge in passes, so memory stays one row group per open run
+            runs = [_merge_runs(runs[i:i + MERGE_FANIN], os.path.join(work, f"merged-{len(runs)}-{i}.parquet"),
+                                MERGE_ROWS) for i in range(0, len(runs), MERGE_FANIN)]
+        if len(runs) == 1:
+            os.replace(runs[0], new_path)
+        else:
+            _merge_runs(runs, new_path, batch_rows)
+        old = _path_versions(manifest_path) if os.path.exists(manifest_path) else iter(())
+        diff = diff_batches(old, _path_versions(new_path), out=os.path.join(work, DIFF_FILE))
+        os.chmod(new_path, 0o600)
+        os.replace(new_path, manifest_path)
+        # Written in the private work directory first: two syncs at once never share a file.
+        diff = dataclasses.replace(diff, file=os.path.join(directory, DIFF_FILE))
+        os.replace(os.path.join(work, DIFF_FILE), diff.file)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        # Give the sort buffers back to the OS now: Arrow's allocator keeps freed pages for reuse,
+        # which would add them to whatever the process loads next (the manifest, for status).
+        pa.default_memory_pool().release_unused()
+    return diff
+
+
+def _read(path: str, rows: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Batches of ``rows`` rows of a Parquet file, read one row group at a time on this thread
+    (no pre-buffering of the whole file, no per-thread allocator arenas: measured 50 MiB less
+    with 16 runs open)."""
+    yield from pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=rows, columns=columns,
+                                                                   use_threads=False)
+
+
+def _path_versions(path: str) -> Iterator[pa.RecordBatch]:
+    return _read(path, BATCH_ROWS, ["path", "version"])
+
+
+def _sorted_unique(table: pa.Table) -> pa.Table:
+    """``table`` sorted by path; of equal paths the last one is kept (sort_by is stable)."""
+    table = table.sort_by("path")
+    paths = table.column("path")
+    if len(paths) > 1:
+        keep = pc.not_equal(paths[:-1], paths[1:])
+        if not pc.all(keep).as_py():
+            table = table.filter(pa.concat_arrays([keep.combine_chunks(), pa.array([True])]))
+    return table
+
+
+class _Runs:
+    """Sorted runs as Parquet files in ``work``: a sorted table extends the current run when it
+    starts after the run's last path, else it opens a new run."""
+
+    def __init__(self, work: str):
+        self.work, self.paths = work, []
+        self._writer, self._last = None, None
+
+    def add(self, table: pa.Table) -> None:
+        paths = table.column("path")
+        if self._writer is None or (len(paths) and paths[0].as_py() <= self._last):
+            self.close()
+            self.paths.append(os.path.join(self.work, f"run-{len(self.paths)}.parquet"))
+            self._writer = pq.ParquetWriter(self.paths[-1], SCHEMA)
+        if len(paths):  # small row groups: the merge reads one at a time from every run
+            self._writer.write_table(table, row_group_size=MERGE_ROWS)
+            self._last = paths[-1].as_py()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _write_runs(files: Iterable[FileEntry], work: str, on_progress: Progress | None,
+                batch_rows: int) -> list[str]:
+    """Sorted runs of ``files`` as Parquet files in ``work``; at least one (maybe empty). Python
+    objects exist for LIST_CHUNK files at a time; batches wait in Arrow until ``batch_rows``."""
+    runs = _Runs(work)
+    it = iter(files)
+    pending: list[pa.Table] = []
+    rows = listed = 0
+    while chunk := list(itertools.islice(it, LIST_CHUNK)):
+        pending.append(entries_table(chunk))
+        rows += len(chunk)
+        listed += len(chunk)
+        if on_progress is not None:
+            on_progress(listed)
+        if rows >= batch_rows:
+            runs.add(_sorted_unique(pa.concat_tables(pending)))
+            pending, rows = [], 0
+    if pending or not runs.paths:
+        runs.add(_sorted_unique(pa.concat_tables(pending) if pending else entries_table([])))
+    runs.close()
+    return runs.paths
+
+
+def _merge_runs(runs: list[str], out: str, batch_rows: int) -> str:
+    """K-way merge of sorted runs into one sorted Parquet file ``out`` (row groups of
+    ``batch_rows``), unique paths; returns ``out``. Each step of
+    ``aligned_batches`` is a slice of every run below a common frontier, so concatenating the slices
+    (in run order) and sorting them (Arrow, stable) gives the next rows of the output."""
+    streams = [_read(p, MERGE_ROWS) for p in runs]
+    with pq.ParquetWriter(out, SCHEMA) as writer:
+        pending: list[pa.Table] = []
+        rows = 0
+        for step in aligned_batches(streams):
+            merged = _sorted_unique(pa.concat_tables([t for t in step if t is not None and t.num_rows]))
+            pending.append(merged)
+            rows += merged.num_rows
+            if rows >= batch_rows:
+                writer.write_table(pa.concat_tables(pending), row_group_size=batch_rows)
+                pending, rows = [], 0
+        if pending:
+            writer.write_table(pa.concat_tables(pending), row_group_size=batch_rows)
+    return out

@@ -1,0 +1,207 @@
+"""kopf handlers: thin functions that load the resource, call the shared reconcile steps and write
+status. Run: ``kopf run -m datacache_operator.handlers --all-namespaces``.
+
+"Not ready yet" (no Dataset for a runtime, workers still starting, a Job still running) is a
+``kopf.TemporaryError`` with a delay: kopf retries later, the resource does not fail. A wrong spec
+is a ``kopf.PermanentError`` whose message names the resource, field and fix.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import kopf
+from lightkube import AsyncClient
+
+from datacache.api.crds import GROUP, VERSION
+from datacache.control import autoscale, reconcile
+from datacache.errors import ConfigError
+
+from . import kube, manifests, observe, webhook
+from .resources import from_body
+from .settings import Settings
+
+SETTINGS = Settings.from_env()
+RETRY_S = SETTINGS.retry_s
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Operator settings: our finalizer name, warnings as events, the admission webhook server."""
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = 30  # warnings and errors as Kubernetes events
+    # The chart mounts the webhook's TLS Secret in cert_dir; without one (tests on loopback) the
+    # admission server speaks plain HTTP on 127.0.0.1 only.
+    cert_dir = SETTINGS.webhook_cert_dir
+    settings.admission.server = kopf.WebhookServer(
+        addr="0.0.0.0" if cert_dir else "127.0.0.1", port=SETTINGS.webhook_port, insecure=not cert_dir,
+        certfile=f"{cert_dir}/tls.crt" if cert_dir else None, pkeyfile=f"{cert_dir}/tls.key" if cert_dir else None)
+
+
+def _load(body: Any) -> Any:
+    try:
+        return from_body(body)
+    except ConfigError as err:
+        # `kubectl describe` shows it: one line naming the resource, the field and the fix
+        kopf.event(body, type="Warning", reason="InvalidSpec", message=str(err))
+        raise kopf.PermanentError(str(err)) from None
+
+
+async def _dataset_for(client: AsyncClient, name: str, namespace: str) -> Any:
+    found = await kube.get_or_none(client, "Dataset", name, namespace)
+    if found is None:
+        raise kopf.TemporaryError(f"Dataset {namespace}/{name} not found yet: create it "
+                                  "(a runtime binds to the Dataset of the same name)", delay=RETRY_S)
+    return _load(found)
+
+
+async def _worker_metrics(client: AsyncClient, runtime: Any) -> list[autoscale.WorkerMetrics]:
+    """Capacity and used bytes of the runtime's running worker pods, from their /metrics."""
+    pods = await kube.pod_ips(client, runtime.metadata.namespace, manifests.worker_labels(runtime))
+    port = manifests.worker_port(runtime)
+    return await observe.scrape([(pod, f"http://{ip}:{port}") for pod, ip in pods])
+
+
+def _reconciled(plural: str, timer_id: str) -> Any:
+    """kopf decorators running a handler on create, spec update, operator restart and every
+    ``status_interval_s`` (a status refresh, under its own id so it never mixes with creation)."""
+    def register(fn: Any) -> Any:
+        fn = kopf.timer(GROUP, VERSION, plural, interval=SETTINGS.status_interval_s,
+                        idle=SETTINGS.status_interval_s, id=timer_id)(fn)
+        fn = kopf.on.resume(GROUP, VERSION, plural)(fn)
+        fn = kopf.on.update(GROUP, VERSION, plural, field="spec")(fn)
+        return kopf.on.create(GROUP, VERSION, plural)(fn)
+    return register
+
+
+async def reconcile_runtime(body: Any, patch: kopf.Patch) -> None:
+    """Create or update a CacheRuntime's children and write its status; raises TemporaryError
+    until every desired worker is ready."""
+    runtime = _load(body)
+    name, namespace = runtime.metadata.name, runtime.metadata.namespace
+    client = AsyncClient()
+    try:
+        dataset = await _dataset_for(client, name, namespace)
+        await kube.ensure(client, manifests.config_map(dataset, runtime, body))
+        await kube.ensure(client, manifests.token_secret(runtime, secrets.token_urlsafe(32), body), replace=False)
+        await kube.ensure(client, manifests.headless_service(runtime, body))
+        workload = manifests.worker_workload(dataset, runtime, body, SETTINGS)
+        await kube.ensure(client, workload)
+        observed = await kube.get_or_none(client, workload["kind"], workload["metadata"]["name"], namespace)
+        metrics = await _worker_metrics(client, runtime)
+    finally:
+        await client.close()
+    workload_status = (observed or {}).get("status") or {}
+    desired = (workload_status.get("desiredNumberScheduled") if workload["kind"] == "DaemonSet"
+               else runtime.spec.replicas)
+    workers = [{"name": m.name, "ready": True, "capacity": m.capacity, "used": m.used} for m in metrics]
+    status = reconcile.runtime_status(desired or 0, workers)
+    status["selector"] = manifests.selector(runtime)
+    patch.status.update(status)
+    if status["readyWorkers"] < status["desiredWorkers"]:
+        raise kopf.TemporaryError(f"{status['readyWorkers']}/{status['desiredWorkers']} workers ready", delay=RETRY_S)
+
+
+@_reconciled("cacheruntimes", timer_id="runtime_status")
+async def runtime_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
+    """A CacheRuntime was created, changed, found at start-up, or is due a status refresh."""
+    await reconcile_runtime(body, patch)
+
+
+@kopf.timer(GROUP, VERSION, "cacheruntimes", interval=SETTINGS.status_interval_s,
+            initial_delay=SETTINGS.status_interval_s)
+async def runtime_autoscale(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Apply the runtime's autoscale policy to ``spec.replicas`` (what the scale subresource
+    writes). On scale-in the StatefulSet removes its highest ordinals, not ``decision.remove``:
+    the workers' hand-off (:mod:`datacache.cluster.peers`) moves their blocks to the new owners."""
+    runtime = _load(body)
+    if runtime.spec.autoscale is None:
+        return
+    client = AsyncClient()
+    try:
+        workers = await _worker_metrics(client, runtime)
+    finally:
+        await client.close()
+    now = time.time()
+    memo.below_since = autoscale.low_since(runtime.spec.autoscale, workers, now, memo.get("below_since"))
+    decision = autoscale.decide(runtime.spec.autoscale, runtime.spec.replicas, workers, now,
+                                memo.get("last_scale"), below_since=memo.below_since)
+    if decision.replicas != runtime.spec.replicas:
+        memo.last_scale = now
+        patch.spec["replicas"] = decision.replicas
+        kopf.event(body, type="Normal", reason="Scaled", message=decision.reason)
+
+
+@_reconciled("datasets", timer_id="dataset_status")
+async def dataset_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
+    """Dataset status: NotBound without a CacheRuntime of the same name, Pending until a worker
+    (which syncs the manifest when it starts) is ready, then Bound."""
+    dataset = _load(body)
+    client = AsyncClient()
+    try:
+        runtime = await kube.get_or_none(client, "CacheRuntime", dataset.metadata.name, dataset.metadata.namespace)
+    finally:
+        await client.close()
+    runtime_status = (runtime or {}).get("status") or {}
+    obs = reconcile.DatasetObservation(bound=runtime is not None, synced=bool(runtime_status.get("readyWorkers")))
+    status = reconcile.dataset_status(obs)
+    # The manifest's totals are known to the workers, not to the operator: show no made-up numbers.
+    for key in ("ufsTotal", "fileNum", "cacheStates"):
+        status.pop(key)
+    patch.status.update(status)
+
+
+@_reconciled("dataloads", timer_id="dataload_status")
+async def dataload_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
+    """Start the DataLoad's Job (policy Once) or CronJob (policy Cron), then follow it; a running
+    Once load is a TemporaryError until its Job completes or fails."""
+    dataload = _load(body)
+    ds = dataload.spec.dataset
+    client = AsyncClient()
+    try:
+        dataset = await _dataset_for(client, ds.name, ds.namespace)
+        runtime_body = await kube.get_or_none(client, "CacheRuntime", ds.name, ds.namespace)
+        if runtime_body is None:
+            raise kopf.TemporaryError(f"CacheRuntime {ds.namespace}/{ds.name} not found yet", delay=RETRY_S)
+        try:
+            job = manifests.dataload_job(dataload, dataset, _load(runtime_body), body, SETTINGS)
+        except ValueError as err:
+            kopf.event(body, type="Warning", reason="InvalidSpec", message=str(err))
+            raise kopf.PermanentError(str(err)) from None
+        # a Job's pod template is immutable; a CronJob follows spec changes
+        await kube.ensure(client, job, replace=job["kind"] == "CronJob")
+        observed = await kube.get_or_none(client, job["kind"], job["metadata"]["name"], dataload.metadata.namespace)
+    finally:
+        await client.close()
+    if job["kind"] == "CronJob":
+        patch.status.update(manifests.cron_status((observed or {}).get("status")))
+        return
+    phase = manifests.job_phase((observed or {}).get("status"))
+    patch.status["phase"] = phase
+    if phase in ("Pending", "Executing"):
+        raise kopf.TemporaryError(f"DataLoad Job {job['metadata']['name']} is {phase}", delay=RETRY_S)
+
+
+@kopf.on.mutate("pods", labels={manifests.DATASET_LABEL: kopf.PRESENT}, operations={"CREATE"}, id="fuse-sidecar")
+async def fuse_sidecar(body: Any, patch: kopf.Patch, **_: Any) -> None:
+    """Admission: give a pod labelled ``datacache.io/dataset: NAME`` the dataset's FUSE mount."""
+    name = body["metadata"]["labels"][manifests.DATASET_LABEL]
+    namespace = body["metadata"].get("namespace") or "default"
+    client = AsyncClient()
+    try:
+        dataset_body = await kube.get_or_none(client, "Dataset", name, namespace)
+        runtime_body = await kube.get_or_none(client, "CacheRuntime", name, namespace)
+    finally:
+        await client.close()
+    if dataset_body is None or runtime_body is None:
+        missing = "Dataset" if dataset_body is None else "CacheRuntime"
+        raise kopf.AdmissionError(f"pod label {manifests.DATASET_LABEL}={name}: no {missing} '{name}' in namespace "
+                                  f"'{namespace}': create it first or fix the label", code=400)
+    try:
+        changes = webhook.inject(dict(body), _load(dataset_body), _load(runtime_body), SETTINGS)
+    except (webhook.InjectionError, kopf.PermanentError) as err:
+        raise kopf.AdmissionError(str(err), code=400) from None
+    for key, value in changes.items():
+        patch.spec[key] = value

@@ -1,0 +1,72 @@
+"""The few API calls the operator makes, through lightkube's async client.
+
+Children are created, or merge-patched when they exist (so a changed spec reaches them); the
+worker token Secret is only ever created, never replaced (a new token would lock clients out).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.apps_v1 import DaemonSet, StatefulSet
+from lightkube.resources.batch_v1 import CronJob, Job
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
+
+from datacache.api.crds import GROUP, PLURALS, VERSION
+
+# lightkube raises ApiError only for responses typed exactly "application/json"; its base class
+# (httpx's HTTPStatusError) covers every HTTP error status, and carries the code on the response.
+HTTPStatusError = ApiError.__base__
+
+
+def _code(err: Exception) -> int:
+    return err.response.status_code  # type: ignore[attr-defined]
+
+
+CUSTOM = {kind: create_namespaced_resource(GROUP, VERSION, kind, plural) for kind, plural in PLURALS.items()
+          if kind != "ThinRuntimeProfile"}
+"""lightkube resource classes of the namespaced datacache kinds."""
+
+
+async def ensure(client: AsyncClient, manifest: dict[str, Any], replace: bool = True) -> None:
+    """Create ``manifest``; if it exists, merge-patch it (``replace``) or leave it as it is."""
+    obj = from_dict(manifest)
+    try:
+        await client.create(obj)
+    except HTTPStatusError as err:
+        if _code(err) != 409:
+            raise
+        if replace:
+            meta = manifest["metadata"]
+            await client.patch(type(obj), meta["name"], manifest, namespace=meta["namespace"],
+                               patch_type=PatchType.MERGE)
+
+
+async def get_or_none(client: AsyncClient, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    """The object ``kind`` (a datacache kind, ``StatefulSet``, ``DaemonSet``, ``Job``, ``CronJob``) as a dict,
+    or None when it does not exist."""
+    res = CUSTOM.get(kind) or _BUILTIN[kind]
+    try:
+        obj = await client.get(res, name, namespace=namespace)
+    except HTTPStatusError as err:
+        if _code(err) == 404:
+            return None
+        raise
+    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
+
+_BUILTIN = {"StatefulSet": StatefulSet, "DaemonSet": DaemonSet, "Job": Job, "CronJob": CronJob}
+
+
+async def pod_ips(client: AsyncClient, namespace: str, selector: dict[str, str]) -> list[tuple[str, str]]:
+    """(pod name, pod IP) of the running pods matching label ``selector``."""
+    result = []
+    async for pod in client.list(Pod, namespace=namespace, labels=selector):
+        if pod.status and pod.status.podIP and pod.status.phase == "Running":
+            result.append((pod.metadata.name, pod.status.podIP))
+    return result

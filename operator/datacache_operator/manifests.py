@@ -1,0 +1,268 @@
+"""Child objects of the datacache resources, as plain dicts (pure functions, no API calls).
+
+A CacheRuntime ``NAME`` becomes: ConfigMap ``NAME-config`` (``resources.yaml``: the Dataset and
+the runtime, which every datacache container applies to its own ``$DATACACHE_HOME`` before it
+starts), Secret ``NAME-worker-token`` (the workers' bearer token), headless Service
+``NAME-worker`` (stable DNS names for membership) and the workers: a StatefulSet (one pod per
+replica, ``--index`` from the pod's ordinal) or a DaemonSet (one worker per node). A DataLoad
+becomes Job ``NAME-dataload`` running ``datacache warmup``. Every child carries an ownerReference
+to its resource, so deleting the resource deletes them (Kubernetes' garbage collector).
+
+Tiered-store volumes, per level: MEM lives in the worker's memory (its quota is added to the
+container's memory request); an absolute ``path`` is a hostPath directory on the node (cache that
+survives pod restarts, e.g. a node's NVMe); a relative ``path`` is an emptyDir with
+``sizeLimit`` = quota under ``$DATACACHE_HOME``. Secrets named by ``encryptOptions`` are mounted
+read-only as files at ``$DATACACHE_HOME/secrets/<secret>/<key>``, where the embedded credential
+lookup (:mod:`datacache.ufs.credentials`) reads them: values never appear in a pod spec.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from typing import Any, Mapping
+
+from datacache.api.loader import to_yaml
+from datacache.api.models import CacheRuntime, DataLoad, Dataset
+from datacache.cluster.discovery import PORT_NAME, service_name
+
+from .settings import CONFIG_DIR, HOME, WORKER_PORT, Settings
+
+RUNTIME_LABEL = "datacache.io/runtime"
+"""Label on worker pods naming their runtime (the scale subresource's selector uses it)."""
+DATASET_LABEL = "datacache.io/dataset"
+"""Label on training pods that asks the webhook for a FUSE mount of that dataset."""
+_NON_ROOT = 10001  # the image's "datacache" user
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to API object ``body`` (needs ``metadata.uid``): the garbage collector
+    deletes the child when the owner is deleted."""
+    meta = body["metadata"]
+    return {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": meta["name"],
+            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _meta(name: str, namespace: str, labels: dict[str, str], owner: Mapping[str, Any]) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": labels,
+            "ownerReferences": [owner_reference(owner)]}
+
+
+def worker_labels(runtime: CacheRuntime) -> dict[str, str]:
+    """Labels of a runtime's worker pods (also the Service's and the scale selector's)."""
+    return {"app.kubernetes.io/name": "datacache", "app.kubernetes.io/component": "worker",
+            RUNTIME_LABEL: runtime.metadata.name}
+
+
+def selector(runtime: CacheRuntime) -> str:
+    """The workers' label selector as text (``status.selector``, read by the HPA)."""
+    return ",".join(f"{k}={v}" for k, v in worker_labels(runtime).items())
+
+
+def worker_port(runtime: CacheRuntime) -> int:
+    """The workers' TCP port (data endpoints and /metrics)."""
+    return runtime.spec.worker.port or WORKER_PORT
+
+
+def config_map(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """ConfigMap ``NAME-config`` with ``resources.yaml``: the Dataset and the runtime as each pod
+    applies them locally. The copy has ``replicas: 1`` and no autoscale: in a pod the embedded plane
+    must not start workers of its own (the StatefulSet runs them)."""
+    local = runtime.model_copy(update={"spec": runtime.spec.model_copy(update={"replicas": 1, "autoscale": None})})
+    name = runtime.metadata.name
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(f"{name}-config", runtime.metadata.namespace, worker_labels(runtime), owner),
+            "data": {"resources.yaml": to_yaml([dataset, local])}}
+
+
+def token_secret(runtime: CacheRuntime, token: str, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """Secret ``NAME-worker-token`` holding the workers' bearer ``token`` (created once)."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _meta(f"{runtime.metadata.name}-worker-token", runtime.metadata.namespace,
+                              worker_labels(runtime), owner),
+            "stringData": {"token": token}}
+
+
+def headless_service(runtime: CacheRuntime, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """Headless Service ``NAME-worker``: one SRV record ``_http._tcp`` per *ready* worker pod,
+    which is how every datacache container finds the workers
+    (:mod:`datacache.cluster.discovery`)."""
+    port = worker_port(runtime)
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(service_name(runtime.metadata.name), runtime.metadata.namespace,
+                              worker_labels(runtime), owner),
+            "spec": {"clusterIP": "None", "selector": worker_labels(runtime), "publishNotReadyAddresses": False,
+                     "ports": [{"name": PORT_NAME, "port": port, "targetPort": port}]}}
+
+
+def _level_volume_name(medium: str) -> str:
+    return f"cache-{medium.lower()}"
+
+
+def secret_volumes(dataset: Dataset) -> tuple[list[dict], list[dict]]:
+    """(volumes, volumeMounts) putting every Secret key named by the dataset's encryptOptions at
+    ``$DATACACHE_HOME/secrets/<secret>/<key>`` (files 0400, read-only)."""
+    keys: dict[str, set[str]] = {}
+    for mount in dataset.spec.mounts:
+        for option in mount.encrypt_options:
+            ref = option.value_from.secret_key_ref
+            keys.setdefault(ref.name, set()).add(ref.key)
+    volumes, mounts = [], []
+    for i, (secret, names) in enumerate(sorted(keys.items())):
+        volume = f"secret-{i}"
+        volumes.append({"name": volume, "secret": {
+            "secretName": secret, "defaultMode": 0o400,
+            "items": [{"key": key, "path": key} for key in sorted(names)]}})
+        mounts.append({"name": volume, "mountPath": posixpath.join(HOME, "secrets", secret), "readOnly": True})
+    return volumes, mounts
+
+
+def base_volumes(runtime: CacheRuntime) -> tuple[list[dict], list[dict]]:
+    """(volumes, volumeMounts) every datacache container needs: ``$DATACACHE_HOME`` and ``/tmp``
+    (emptyDirs) and the runtime's ConfigMap at ``/etc/datacache`` (read-only)."""
+    # The root filesystem is read-only: state and temporary files go to emptyDirs.
+    volumes = [{"name": "home", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
+               {"name": "config", "configMap": {"name": f"{runtime.metadata.name}-config"}}]
+    mounts = [{"name": "home", "mountPath": HOME}, {"name": "tmp", "mountPath": "/tmp"},
+              {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+    return volumes, mounts
+
+
+def pod_env(runtime: CacheRuntime) -> list[dict]:
+    """Environment of every datacache container: ``DATACACHE_HOME``, DNS membership (workers are
+    found through the headless Service, whose name follows from the runtime's name and namespace),
+    the worker token by reference to its Secret (the kubelet resolves it; the pod spec holds no
+    value), the pod's and node's names."""
+    return [
+        {"name": "DATACACHE_HOME", "value": HOME},
+        {"name": "DATACACHE_MEMBERSHIP", "value": "dns"},
+        {"name": "DATACACHE_WORKER_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": f"{runtime.metadata.name}-worker-token", "key": "token"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    ]
+
+
+def _shell(*commands: list[str]) -> list[str]:
+    """``sh -c`` running the argv lists in order (each quoted), the last one exec'd."""
+    quoted = [" ".join(arg if arg.startswith('"$') else shlex.quote(arg) for arg in argv) for argv in commands]
+    return ["sh", "-c", " && ".join(quoted[:-1] + ["exec " + quoted[-1]])]
+
+
+def _apply() -> list[str]:
+    return ["datacache", "apply", "-f", posixpath.join(CONFIG_DIR, "resources.yaml")]
+
+
+_RESTRICTED = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+               "capabilities": {"drop": ["ALL"]}}
+
+
+def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any],
+                    settings: Settings) -> dict[str, Any]:
+    """The workers: a StatefulSet (``settings.worker_kind``) or a DaemonSet named ``NAME-worker``."""
+    name, namespace = runtime.metadata.name, runtime.metadata.namespace
+    port = worker_port(runtime)
+    volumes, mounts = base_volumes(runtime)
+    secret_vols, secret_mounts = secret_volumes(dataset)
+    memory = 256 * 1024**2  # the process itself and the read-ahead budget
+    for level in runtime.spec.tieredstore.levels:
+        if level.mediumtype == "MEM":
+            memory += level.quota_bytes
+            continue
+        assert level.path is not None  # the model requires it for SSD/HDD
+        volume = _level_volume_name(level.mediumtype)
+        if level.path.startswith("/"):
+            volumes.append({"name": volume, "hostPath": {"path": level.path, "type": "DirectoryOrCreate"}})
+            mounts.append({"name": volume, "mountPath": level.path})
+        else:
+            volumes.append({"name": volume, "emptyDir": {"sizeLimit": str(level.quota_bytes)}})
+            mounts.append({"name": volume, "mountPath": posixpath.join(HOME, level.path)})
+    stateful = settings.worker_kind == "StatefulSet"
+    # StatefulSet pods are NAME-worker-<ordinal>: the ordinal is the worker's placement index. A
+    # DaemonSet pod has no ordinal: its index is the CRC-32 of its node's name (POSIX cksum), the
+    # same on every restart on that node, so it finds its hostPath cache directory again; two of
+    # 1,000 nodes share an index with probability ~1e-4 (birthday bound over 2^32). DNS membership
+    # reads a StatefulSet worker's id from its SRV target (the pod name) and asks a DaemonSet
+    # worker's /healthz for it (its target is named after its address).
+    index = '"${POD_NAME##*-}"' if stateful else '"$(printf %s "$NODE_NAME" | cksum | cut -d " " -f 1)"'
+    advertise = f'"$POD_NAME.{name}-worker.{namespace}.svc"' if stateful else '"$NODE_NAME"'
+    serve = ["datacache", "worker", "serve", name, "-n", namespace, "--host", "0.0.0.0",
+             "--port", str(port), "--index", index, "--advertise", advertise]
+    container = {
+        "name": "worker",
+        "image": settings.image,
+        "command": _shell(_apply(), serve),
+        "env": pod_env(runtime),
+        "ports": [{"name": PORT_NAME, "containerPort": port}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
+        "resources": {"requests": {"memory": str(memory)}},
+        "securityContext": _RESTRICTED,
+        "volumeMounts": mounts + secret_mounts,
+    }
+    pod: dict[str, Any] = {
+        "metadata": {"labels": worker_labels(runtime),
+                     "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(port)}},
+        "spec": {"containers": [container], "volumes": volumes + secret_vols,
+                 "securityContext": {"runAsNonRoot": True, "runAsUser": _NON_ROOT, "fsGroup": _NON_ROOT},
+                 "enableServiceLinks": False},
+    }
+    if dataset.spec.node_affinity:
+        pod["spec"]["affinity"] = {"nodeAffinity": dataset.spec.node_affinity}
+    spec: dict[str, Any] = {"selector": {"matchLabels": worker_labels(runtime)}, "template": pod}
+    if stateful:
+        spec.update(serviceName=service_name(name), replicas=runtime.spec.replicas, podManagementPolicy="Parallel")
+    return {"apiVersion": "apps/v1", "kind": settings.worker_kind,
+            "metadata": _meta(f"{name}-worker", namespace, worker_labels(runtime), owner), "spec": spec}
+
+
+def dataload_job(dataload: DataLoad, dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any],
+                 settings: Settings) -> dict[str, Any]:
+    """``NAME-dataload`` running ``datacache warmup DATASET [PATH ...]`` (3 retries): a Job for
+    policy Once, a CronJob on ``spec.schedule`` for policy Cron (one run at a time). Raises
+    ``ValueError`` for policy OnEvent, which needs manifest-change events the operator lacks."""
+    name, namespace = dataload.metadata.name, dataload.metadata.namespace
+    policy = dataload.spec.policy
+    if policy == "OnEvent":
+        raise ValueError(f"DataLoad {namespace}/{name}: spec.policy: OnEvent is not run on Kubernetes yet "
+                         "(the operator does not see manifest changes): use Once or Cron")
+    volumes, mounts = base_volumes(runtime)
+    secret_vols, secret_mounts = secret_volumes(dataset)
+    warmup = ["datacache", "warmup", dataset.metadata.name, *[t.path for t in dataload.spec.target],
+              "-q", "-n", dataset.metadata.namespace]
+    labels = {"app.kubernetes.io/name": "datacache", "app.kubernetes.io/component": "dataload",
+              "datacache.io/dataload": name}
+    container = {"name": "warmup", "image": settings.image, "command": _shell(_apply(), warmup),
+                 "env": pod_env(runtime), "securityContext": _RESTRICTED, "volumeMounts": mounts + secret_mounts}
+    job_spec = {"backoffLimit": 3, "template": {
+        "metadata": {"labels": labels},
+        "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes + secret_vols,
+                 "securityContext": {"runAsNonRoot": True, "runAsUser": _NON_ROOT}, "enableServiceLinks": False}}}
+    meta = _meta(f"{name}-dataload", namespace, labels, owner)
+    if policy == "Cron":
+        return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta, "spec": {
+            "schedule": dataload.spec.schedule, "concurrencyPolicy": "Forbid",
+            "jobTemplate": {"metadata": {"labels": labels}, "spec": job_spec}}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+
+
+def cron_status(cron_status: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A Cron DataLoad's status from its CronJob's ``status``: Executing while a run is active
+    (else Pending: waiting for the schedule), and the last schedule and success times."""
+    status = cron_status or {}
+    out: dict[str, Any] = {"phase": "Executing" if status.get("active") else "Pending"}
+    for key in ("lastScheduleTime", "lastSuccessfulTime"):
+        if status.get(key):
+            out[key] = status[key]
+    return out
+
+
+def job_phase(job_status: Mapping[str, Any] | None) -> str:
+    """A DataLoad phase from its Job's ``status``: Complete, Failed, Executing or Pending."""
+    status = job_status or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
+            return condition["type"]
+    if status.get("succeeded"):
+        return "Complete"
+    return "Executing" if status.get("active") else "Pending"
+

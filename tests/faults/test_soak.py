@@ -1,0 +1,132 @@
+"""Bounded soak: 16 concurrent readers — 8 through a FUSE mount, 8 through ``datacache://`` — over a
+dataset three times the SSD quota, for ``DATACACHE_SOAK_S`` seconds (default 60; set it higher for
+a long run). Zero wrong bytes (sha256 of every read against the source), zero hung reads, cache
+use under the quota at every sample, the FUSE daemon's RSS flat after warm-up. Prints reads,
+bytes checked, p50/p99 latency and peak RSS."""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+import fsspec
+import pytest
+
+from fault_support import apply_dataset, sha
+from support import du
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fuse"))
+from fuse_support import HAVE_FUSE, SKIP_REASON, daemon_pid, force_cleanup, mount  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason=SKIP_REASON)
+
+DURATION_S = float(os.environ.get("DATACACHE_SOAK_S", "60"))
+QUOTA = 16 << 20
+BLOCK = 256 << 10
+HUNG_S = 30.0  # a read slower than this counts as hung
+RSS_GROWTH = 48 << 20  # bytes the daemon may grow after warm-up (allocator noise, not a leak)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_soak_fuse_and_fsspec_readers(datacache_home, tmp_path):
+    rng = random.Random(1)
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {f"s{i:02d}.bin": rng.randbytes(rng.randrange(256 << 10, 2 << 20)) for i in range(40)}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    assert sum(map(len, files.values())) > 3 * QUOTA
+    home = str(datacache_home)
+    apply_dataset(home, "soak", [{"name": "local", "mountPoint": str(src)}],
+                  [{"mediumtype": "SSD", "path": "cache", "quota": "16Mi", "high": "0.9", "low": "0.7"}],
+                  block_size="256Ki").close()
+    cache_dir = os.path.join(home, "cache", "default", "soak")
+    mp = str(tmp_path / "mnt")
+    os.makedirs(mp)
+
+    class Env:
+        name = "soak"
+
+    Env.home = home
+    latencies: list[float] = []
+    errors: list[str] = []
+    checked = [0]
+    lock = threading.Lock()
+    stop = threading.Event()
+    names = sorted(files)
+    fs = fsspec.filesystem("datacache", skip_instance_cache=True)
+    try:
+        mount(Env, mp)
+        pid = daemon_pid(home, mp)
+
+        def reader(seed: int, via_fuse: bool) -> None:
+            r = random.Random(seed)
+            while not stop.is_set():
+                name = r.choice(names)
+                data = files[name]
+                off = r.randrange(len(data))
+                size = r.choice([4096, 65536, BLOCK + 7, 1 << 20, len(data)])
+                t0 = time.monotonic()
+                try:
+                    if via_fuse:
+                        fd = os.open(os.path.join(mp, name), os.O_RDONLY)
+                        try:
+                            got = os.pread(fd, size, off)
+                        finally:
+                            os.close(fd)
+                    else:
+                        got = fs.cat_file(f"datacache://soak/{name}", start=off, end=off + size)
+                except Exception as err:  # counted as a failure below
+                    with lock:
+                        errors.append(f"{name}@{off}+{size} ({'fuse' if via_fuse else 'fsspec'}): {err!r}")
+                    continue
+                took = time.monotonic() - t0
+                ok = sha(got) == sha(data[off:off + size])
+                with lock:
+                    latencies.append(took)
+                    checked[0] += len(got)
+                    if not ok:
+                        errors.append(f"{name}@{off}+{size}: wrong bytes")
+
+        threads = [threading.Thread(target=reader, args=(i, i < 8), daemon=True) for i in range(16)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        rss: list[tuple[float, int]] = []
+        peak_du = 0
+        while time.monotonic() - t0 < DURATION_S:
+            time.sleep(0.5)
+            rss.append((time.monotonic() - t0, _rss(pid)))
+            used = du(cache_dir)
+            peak_du = max(peak_du, used)
+            assert used <= QUOTA + BLOCK, f"cache use {used} over the quota {QUOTA}"
+        stop.set()
+        for t in threads:
+            t.join(HUNG_S)
+        assert not any(t.is_alive() for t in threads), "a reader hung"
+    finally:
+        stop.set()
+        force_cleanup(home, mp)
+        fs.clear_instance_cache()
+    assert not errors, errors[:5]
+    lat = sorted(latencies)
+    p50, p99 = statistics.median(lat), lat[int(len(lat) * 0.99)]
+    after_warmup = [v for t, v in rss if t > DURATION_S / 3]
+    peak = max(v for _, v in rss)
+    print(f"\nsoak {DURATION_S:.0f} s: {len(lat)} reads, {checked[0] / 2**20:.0f} MiB checked, "
+          f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {lat[-1] * 1e3:.0f} ms, "
+          f"daemon peak RSS {peak / 2**20:.0f} MiB, cache peak {peak_du / 2**20:.1f} MiB of {QUOTA >> 20} MiB")
+    assert lat[-1] < HUNG_S
+    assert max(after_warmup) - min(after_warmup) <= RSS_GROWTH, f"daemon RSS grew: {after_warmup[0]} -> {max(after_warmup)}"
+    assert len(lat) > 100

@@ -1,0 +1,70 @@
+"""The Helm chart rendered by a real Helm engine (Helm v4's Go SDK through helm-python-sdk's
+libhelm_c): every object valid for a current Kubernetes release, CRDs equal to `datacache crds`,
+RBAC without Secret reads, the webhook's certificate matching its caBundle."""
+
+from __future__ import annotations
+
+import base64
+import os
+
+import helm_python as helm
+import pytest
+import yaml
+from cryptography import x509
+
+from datacache.api.crds import crds
+from operator_schemas import validate
+
+CHART = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "charts", "datacache")
+
+
+def _render(values):
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render(values, name="dc", namespace="datacache-system")
+    return [doc for text in files.values() for doc in yaml.safe_load_all(text) if doc]
+
+
+def test_chart_crds_are_the_generated_ones():
+    with open(os.path.join(CHART, "crds", "datacache-crds.yaml"), encoding="utf-8") as f:
+        assert list(yaml.safe_load_all(f)) == crds()  # regenerate: datacache crds > charts/datacache/crds/datacache-crds.yaml
+
+
+def test_every_rendered_object_is_valid():
+    objects = _render({"metrics": {"serviceMonitor": {"enabled": True}},
+                       "hpa": {"enabled": True, "runtime": "imagenet"}})
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "HorizontalPodAutoscaler",
+                     "MutatingWebhookConfiguration", "Secret", "Service", "ServiceAccount", "ServiceMonitor"]
+    for obj in objects:
+        if obj["kind"] != "ServiceMonitor":  # a Prometheus Operator CRD: not in the Kubernetes schemas
+            validate(obj)
+    hpa = next(o for o in objects if o["kind"] == "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "datacache.io/v1alpha1", "kind": "CacheRuntime",
+                                             "name": "imagenet"}
+
+
+def test_rbac_never_reads_secrets():
+    role = next(o for o in _render({}) if o["kind"] == "ClusterRole")
+    for rule in role["rules"]:
+        if "secrets" in rule["resources"] or "*" in rule["resources"]:
+            assert rule["verbs"] == ["create"]
+        assert "*" not in rule["verbs"]
+
+
+def test_webhook_certificate_matches_ca_bundle():
+    objects = _render({})
+    secret = next(o for o in objects if o["kind"] == "Secret")
+    hook = next(o for o in objects if o["kind"] == "MutatingWebhookConfiguration")["webhooks"][0]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(hook["clientConfig"]["caBundle"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert "dc-datacache-webhook.datacache-system.svc" in names
+    assert hook["clientConfig"]["service"]["path"] == "/fuse-sidecar"  # kopf serves a handler at /<id>
+    assert hook["objectSelector"]["matchExpressions"] == [{"key": "datacache.io/dataset", "operator": "Exists"}]
+
+
+def test_hpa_without_runtime_is_one_clear_error():
+    with pytest.raises(helm.HelmError) as err:
+        _render({"hpa": {"enabled": True}})
+    assert "hpa.runtime: set the CacheRuntime's name" in str(err.value)

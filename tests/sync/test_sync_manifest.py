@@ -1,0 +1,159 @@
+"""The manifest's sorted-path index and streaming diff, checked against a plain-Python reference
+over names that sort awkwardly (C7 characters, 'a-b' before 'a/', a file next to a directory of
+the same stem) and tables of many small chunks (every search crosses chunk boundaries)."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from datacache.manifest import FileEntry, Manifest, ManifestDiff, diff_batches, entries_table
+
+PATHS = ["a", "a-b/x", "a/b/c.txt", "a/b/d.txt", "a/b0", "a/c", "a.b", "b/q?mark.txt", "b/per%cent.txt",
+         "b/hash#tag.txt", "b/plus+sign.txt", "b/a space.txt", "b/é-accent.txt", "中文/文件.txt",
+         "-leading-dash.txt", "z/" + "y/" * 20 + "deep.bin"] + [f"many/f{i:04d}" for i in range(300)]
+
+
+def entry(path: str, version: str = "v1") -> FileEntry:
+    return FileEntry(path, "m", f"bucket/{path}", len(path) * 7, 1.5, version)
+
+
+def chunked(entries: list[FileEntry], rows: int = 7) -> Manifest:
+    """A manifest whose table has chunks of ``rows`` rows, in shuffled order (it must sort)."""
+    entries = entries[:]
+    random.Random(1).shuffle(entries)
+    tables = [entries_table(entries[i:i + rows]) for i in range(0, len(entries), rows)]
+    return Manifest(pa.concat_tables(tables))
+
+
+def reference_listdir(paths: list[str], d: str) -> dict[str, bool]:
+    """name -> is a file, from the paths alone."""
+    prefix = f"{d}/" if d else ""
+    out: dict[str, bool] = {}
+    for p in sorted(paths):
+        if p.startswith(prefix):
+            name, sep, _ = p[len(prefix):].partition("/")
+            out.setdefault(name, not sep)
+    return out
+
+
+def all_dirs(paths: list[str]) -> set[str]:
+    dirs = {""}
+    for p in paths:
+        parts = p.split("/")
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    return dirs
+
+
+def test_lookup_is_dir_listdir_match_the_reference():
+    m = chunked([entry(p) for p in PATHS])
+    assert [e.path for e in m] == sorted(PATHS)  # iteration in path order
+    assert m.file_num == len(PATHS) and m.total_size == sum(len(p) * 7 for p in PATHS)
+    for p in PATHS:
+        assert m.lookup(p) == entry(p)
+        assert m.lookup("/" + p + "/") == entry(p)  # normalised
+        assert not m.is_dir(p) or p == "a"
+    for d in all_dirs(PATHS):
+        assert m.is_dir(d)
+        got = m.listdir(d)
+        assert {k: v is not None for k, v in got.items()} == reference_listdir(PATHS, d)
+        assert all(v == entry(f"{d}/{k}".lstrip("/")) for k, v in got.items() if v is not None)
+    for missing in ("nope", "a/b/c", "a/b/c.txt/x", "a-", "many/f0300", "z/y/deep.bin"):
+        assert m.lookup(missing) is None
+        assert not m.is_dir(missing)
+        with pytest.raises(FileNotFoundError):
+            m.listdir(missing)
+    with pytest.raises(NotADirectoryError):
+        m.listdir("a/b/c.txt")
+    assert m.lookup("") is None and m.is_dir("")
+    with pytest.raises(ValueError, match="'..' is not allowed"):
+        m.lookup("a/../b")
+
+
+def test_listdir_of_a_directory_of_100000_entries_is_complete_and_cached():
+    """C12: a FUSE directory of 100,000 entries lists (FUSE's opendir asks the manifest)."""
+    m = chunked([entry(f"big/{i:06d}") for i in range(100_000)] + [entry("big/sub/x"), entry("c")], rows=65536)
+    children = m.listdir("big")
+    assert len(children) == 100_001 and children["sub"] is None and children["000123"] == entry("big/000123")
+    assert sorted(children)[:2] == ["000000", "000001"] and m.listdir("") == {"big": None, "c": entry("c")}
+    assert m.listdir("big/") is children  # served from the LRU cache
+
+
+def test_select_files_directories_and_globs():
+    m = chunked([entry(p) for p in PATHS])
+    assert [e.path for e in m.select("a/b")] == ["a/b/c.txt", "a/b/d.txt"]
+    assert [e.path for e in m.select("a/b/c.txt")] == ["a/b/c.txt"]
+    assert [e.path for e in m.select("/")] == sorted(PATHS)
+    for glob in ("a/*", "b/*.txt", "many/f00[0-2]?", "*.txt", "*/q?mark.txt", "a?b*"):
+        assert [e.path for e in m.select(glob)] == sorted(p for p in PATHS if fnmatch.fnmatchcase(p, glob))
+    assert m.select("nothing/here") == [] and m.select("nothing*") == []
+
+
+def test_with_entry_splices_without_resorting():
+    m = chunked([entry(p) for p in PATHS])
+    changed = m.with_entry(entry("a/b/c.txt", "v2"), "a/b/c.txt")
+    assert changed.lookup("a/b/c.txt").version == "v2" and changed.file_num == m.file_num
+    gone = m.with_entry(None, "many/f0007")
+    assert gone.lookup("many/f0007") is None and gone.file_num == m.file_num - 1
+    assert [e.path for e in gone] == sorted(p for p in PATHS if p != "many/f0007")
+    assert m.lookup("many/f0007") is not None  # the original is unchanged
+
+
+def test_save_load_roundtrip_mode_0600(tmp_path):
+    m = chunked([entry(p) for p in PATHS])
+    path = str(tmp_path / "manifest.parquet")
+    m.save(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    loaded = Manifest.load(path)
+    assert loaded.table.equals(m.table) and list(loaded) == list(m)
+
+
+def random_versions(rng: random.Random, n: int) -> dict[str, str]:
+    return {f"d{rng.randrange(40):02d}/{rng.randrange(10 ** 6):06d}": str(rng.randrange(3)) for _ in range(n)}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_streaming_diff_matches_set_arithmetic(seed):
+    rng = random.Random(seed)
+    old, new = random_versions(rng, 3000), random_versions(rng, 100)
+    new.update({p: (v if rng.random() < 0.7 else v + "x") for p, v in old.items() if rng.random() < 0.8})
+
+    def batches(versions: dict[str, str], rows: int):  # uneven batch sizes on the two sides
+        table = pa.table({"path": sorted(versions), "version": [versions[p] for p in sorted(versions)]})
+        return table.to_batches(max_chunksize=rows)
+
+    diff = diff_batches(batches(old, 97), batches(new, 211))
+    assert diff.added == sorted(set(new) - set(old))
+    assert diff.deleted == sorted(set(old) - set(new))
+    assert diff.changed == sorted(p for p in set(old) & set(new) if old[p] != new[p])
+    assert diff.counts == (len(diff.added), len(diff.changed), len(diff.deleted)) and not diff.truncated
+    # Manifest.diff is the same merge.
+    to_manifest = lambda d: Manifest.from_entries(entry(p, v) for p, v in d.items())  # noqa: E731
+    assert to_manifest(old).diff(to_manifest(new)) == diff
+
+
+def test_diff_to_a_file_keeps_only_the_first_paths_in_memory(tmp_path):
+    old = pa.table({"path": [f"f{i:05d}" for i in range(0, 20000, 2)], "version": ["1"] * 10000})
+    new = pa.table({"path": [f"f{i:05d}" for i in range(10000)], "version": ["2"] * 10000})
+    out = str(tmp_path / "diff.parquet")
+    diff = diff_batches(old.to_batches(1000), new.to_batches(3000), out=out, limit=100)
+    assert diff.counts == (5000, 5000, 5000) and diff.truncated and not diff.empty
+    assert diff.added == [f"f{i:05d}" for i in range(1, 200, 2)]
+    assert list(diff.paths("added")) == [f"f{i:05d}" for i in range(1, 10000, 2)]
+    assert list(diff.paths("changed")) == [f"f{i:05d}" for i in range(0, 10000, 2)]
+    assert list(diff.paths("deleted")) == [f"f{i:05d}" for i in range(10000, 20000, 2)]
+    assert os.stat(out).st_mode & 0o777 == 0o600
+    assert pq.read_table(out).num_rows == 15000
+    with pytest.raises(ValueError, match="unknown change 'moved'"):
+        list(diff.paths("moved"))
+
+
+def test_a_diff_built_by_hand_still_works():
+    diff = ManifestDiff(added=["x"], changed=[], deleted=[])
+    assert diff.counts == (1, 0, 0) and not diff.truncated and list(diff.paths("added")) == ["x"]
+    assert ManifestDiff([], [], []).empty

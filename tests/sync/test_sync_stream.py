@@ -1,0 +1,149 @@
+"""Metadata sync as a stream: external merge sort of an unsorted listing, the diff beside the
+manifest, progress, a failing listing, and real UFS listings (local walk, S3 pages on moto)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pyarrow.parquet as pq
+import pytest
+
+from datacache.cli.data import _sync_progress
+from datacache.control import sync
+from datacache.control.sync import DIFF_FILE, sync_manifest
+from datacache.errors import ResourceError
+from datacache.manifest import FileEntry, Manifest
+from datacache.ufs import mounts
+from support import apply_dataset, s3_mount
+
+
+def entry(path: str, version: str = "v1", mount: str = "m") -> FileEntry:
+    return FileEntry(path, mount, f"root/{path}", len(path), 2.0, version)
+
+
+@pytest.fixture
+def small_runs(monkeypatch):
+    """Tiny chunks, runs and merge fan-in, so that a few thousand files take every path of the
+    external sort: many runs, several merge passes."""
+    monkeypatch.setattr(sync, "LIST_CHUNK", 64)
+    monkeypatch.setattr(sync, "MERGE_ROWS", 50)
+    monkeypatch.setattr(sync, "MERGE_FANIN", 3)
+
+
+def test_unsorted_listing_is_sorted_deduplicated_and_diffed(tmp_path, small_runs):
+    rng = random.Random(7)
+    paths = [f"d{rng.randrange(30)}/f{i}" for i in range(5000)]
+    listing = [entry(p) for p in paths if p != paths[10]]
+    rng.shuffle(listing)
+    listing.insert(100, entry(paths[10]))
+    listing.insert(4000, entry(paths[10], "later", mount="second"))  # same path again: the later one wins
+    progress: list[int] = []
+    target = str(tmp_path / "manifest.parquet")
+
+    diff = sync_manifest(iter(listing), target, progress.append, batch_rows=300)
+
+    stored = Manifest.load(target)
+    assert [e.path for e in stored] == sorted(paths)
+    assert stored.lookup(paths[10]) == entry(paths[10], "later", mount="second")
+    assert diff.counts == (5000, 0, 0) and diff.added == sorted(paths)
+    assert progress == sorted(progress) and progress[-1] == 5001 and len(progress) == -(-5001 // 64)
+    assert os.stat(target).st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(tmp_path)) == [DIFF_FILE, "manifest.parquet"]  # temporary runs are gone
+
+    # Second sync: 100 changed, 50 deleted, 25 added.
+    gone, changed = set(paths[:50]), set(paths[50:150])
+    relisted = [entry(p, "v2" if p in changed else "v1") for p in paths if p not in gone]
+    relisted += [entry(f"new/{i}") for i in range(25)]
+    rng.shuffle(relisted)
+    diff = sync_manifest(iter(relisted), target, batch_rows=300)
+    assert diff.added == sorted(f"new/{i}" for i in range(25))
+    assert diff.changed == sorted(changed)
+    assert diff.deleted == sorted(gone)
+    on_disk = pq.read_table(tmp_path / DIFF_FILE).to_pylist()
+    assert sorted((r["change"], r["path"]) for r in on_disk) == sorted(
+        [("added", p) for p in diff.added] + [("changed", p) for p in diff.changed]
+        + [("deleted", p) for p in diff.deleted])
+
+
+def test_a_failing_listing_leaves_the_stored_manifest(tmp_path):
+    target = str(tmp_path / "manifest.parquet")
+    sync_manifest(iter([entry("a"), entry("b")]), target)
+    before = open(target, "rb").read()
+
+    def broken():
+        yield entry("a")
+        raise ResourceError("dataset 'x': spec.mounts[0] ('m'): cannot list the mountPoint: boom")
+
+    with pytest.raises(ResourceError, match="cannot list the mountPoint: boom"):
+        sync_manifest(broken(), target)
+    assert open(target, "rb").read() == before
+    assert sorted(os.listdir(tmp_path)) == [DIFF_FILE, "manifest.parquet"]
+
+
+def test_empty_listing_gives_an_empty_manifest(tmp_path):
+    target = str(tmp_path / "manifest.parquet")
+    sync_manifest(iter([entry("a")]), target)
+    diff = sync_manifest(iter([]), target)
+    assert diff.deleted == ["a"] and Manifest.load(target).file_num == 0
+
+
+def test_local_walk_lists_every_file_with_its_version(datacache_home, tmp_path):
+    root = tmp_path / "src"
+    names = ["q?mark.txt", "per%cent.txt", "a space.txt", "é-accent.txt", "中文/文件.txt", "-dash.txt",
+             "a-b/x", "a/b/c", "a/b0"]
+    for i, name in enumerate(names):
+        (root / os.path.dirname(name)).mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x" * i)
+    plane = apply_dataset(datacache_home, "loc", [{"name": "l", "mountPoint": str(root)}])
+    manifest = plane.load_manifest(plane.get("Dataset", "loc"))
+    assert [e.path for e in manifest] == sorted(names)
+    for e in manifest:
+        st = os.stat(root / e.path)
+        assert (e.size, e.ufs_path, e.version) == (st.st_size, f"{root}/{e.path}",
+                                                   f"{st.st_mtime!r}:{st.st_size}:{st.st_ino}")
+    os.remove(root / "a/b/c")
+    (root / "a/b0").write_bytes(b"longer now")
+    (root / "new.txt").write_bytes(b"n")
+    diff = plane.sync("loc")
+    assert (diff.added, diff.changed, diff.deleted) == (["new.txt"], ["a/b0"], ["a/b/c"])
+
+
+def test_missing_local_root_is_a_clear_error(datacache_home, tmp_path):
+    with pytest.raises(ResourceError, match=r"spec.mounts\[0\] \('l'\): mountPoint '.*/absent' does not exist in "
+                                            r"the UFS: fix the mountPoint or create it"):
+        apply_dataset(datacache_home, "loc", [{"name": "l", "mountPoint": str(tmp_path / "absent")}])
+
+
+def test_s3_listing_is_paged_and_in_key_order(datacache_home, s3_bucket, moto_server, moto_secrets, monkeypatch):
+    monkeypatch.setattr(mounts, "_S3_PAGE", 7)  # keys taken from s3fs per event-loop round trip
+    fs, bucket = s3_bucket
+    keys = [f"p/{i % 7}/k{i:05d}" for i in range(1003)]  # two ListObjectsV2 pages (1000 keys each)
+    fs.pipe({f"{bucket}/{k}": k.encode() for k in keys})
+    fs.pipe({f"{bucket}/p/marker/": b"", f"{bucket}/q/outside": b"x", f"{bucket}/p0": b"y"})
+    plane = apply_dataset(datacache_home, "pages", [s3_mount(moto_server, bucket, prefix="p")])
+    manifest = plane.load_manifest(plane.get("Dataset", "pages"))
+    assert [e.path for e in manifest] == sorted(k[2:] for k in keys)
+    e = manifest.lookup("3/k00003")
+    assert (e.size, e.ufs_path) == (len("p/3/k00003"), f"{bucket}/p/3/k00003")
+    assert e.version == fs.info(f"{bucket}/p/3/k00003")["ETag"]
+
+
+def test_missing_s3_prefix_is_a_clear_error(datacache_home, s3_bucket, moto_server, moto_secrets):
+    fs, bucket = s3_bucket
+    fs.pipe(f"{bucket}/other/x", b"x")
+    with pytest.raises(ResourceError, match=rf"mountPoint '{bucket}/absent' does not exist in the UFS"):
+        apply_dataset(datacache_home, "nope", [s3_mount(moto_server, bucket, prefix="absent")])
+
+
+def test_cli_progress_lines_go_to_stderr(capsys, monkeypatch):
+    report = _sync_progress("big", every_s=0)
+    report(8192)
+    report(16384)
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.splitlines() == ["dataset.datacache.io/big: 8192 files listed",
+                                    "dataset.datacache.io/big: 16384 files listed"]
+    quiet = _sync_progress("small", every_s=3600)  # a sync shorter than the interval prints nothing
+    quiet(5)
+    assert capsys.readouterr().err == ""
