@@ -2,14 +2,16 @@
 
 Run from the repository root, as root (FUSE mounts; the page cache is dropped before cold epochs)::
 
-    python -m benchmarks --quick          # about 3 minutes on 2 cores
-    python -m benchmarks                  # full sizes, 10-15 minutes; writes benchmarks/RESULTS.md
+    python -m benchmarks --quick          # about 3 minutes on 2 cores, the S3 source only
+    python -m benchmarks                  # full sizes, S3 and HTTP sources; writes benchmarks/RESULTS.md
 
 It starts moto's S3 server on loopback behind ``benchmarks.proxy.DelayProxy`` (``--latency-ms``
 first-byte latency, ``--bandwidth-mbps`` per connection: a remote object store), builds the
 dataset into the bucket (``datacache.demo.data``: an ImageNet-style JPEG tree, a WebDataset tar
-shard, Parquet files with several row groups), runs every system of ``benchmarks.systems`` through
-the workloads of ``benchmarks.peers`` and writes ``RESULTS.md`` (machine, date, settings, the
+shard, Parquet files with several row groups) and, for the ``http`` source (``--sources``), serves
+the same files with nginx (real range support) behind a second proxy with the same settings. For
+each source it runs every system of ``benchmarks.systems`` through the workloads of
+``benchmarks.peers`` and writes ``RESULTS.md`` (machine, date, settings, the
 ratio table, the memory table) and ``RESULTS.png`` (the chart) into ``--out``. Every system's
 bytes are checked against the generator's checksums. Exit status: 0, or 1 when a system that is
 installed failed.
@@ -30,7 +32,7 @@ from benchmarks.common import DemoEnvironment
 from benchmarks.fuse_read import Mounts
 from benchmarks.peers import Outcome, PeerBench
 from benchmarks.report import chart, markdown_table, memory_rows, ratio_rows
-from benchmarks.systems import SYSTEMS, make_systems
+from benchmarks.systems import SOURCES, SYSTEMS, make_systems
 
 #: (quick, full) defaults of the size options
 SIZES = {
@@ -56,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="MB/s per connection through the proxy, 0: unlimited (default 100)")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
                     help=f"comma-separated, the local copy first (default: all: {','.join(SYSTEMS)})")
+    ap.add_argument("--sources", default=None,
+                    help=f"comma-separated, of {','.join(SOURCES)} (default: both; s3 with --quick, "
+                         "to stay within 3 minutes)")
     ap.add_argument("--out", default=None,
                     help="where RESULTS.md and RESULTS.png go (default: benchmarks/ for a full run, "
                          "a new temporary directory with --quick)")
@@ -71,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.workers < 1 or args.latency_ms < 0 or args.bandwidth_mbps < 0:
         ap.error("--workers must be >= 1, --latency-ms and --bandwidth-mbps >= 0")
     args.systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    args.sources = tuple(s.strip() for s in (args.sources or ("s3" if args.quick else ",".join(SOURCES))).split(",")
+                         if s.strip())
+    if not args.sources or any(s not in SOURCES for s in args.sources):
+        ap.error(f"--sources: {','.join(args.sources) or 'none'} (known: {','.join(SOURCES)})")
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown or not args.systems or args.systems[0] != "local":
         ap.error(f"--systems: unknown {unknown} or the local copy is not first (known: {','.join(SYSTEMS)})"
@@ -96,9 +105,11 @@ class Report:
     work: str
 
 
-def _version(cmd: list[str]) -> str:
+def _version(cmd: list[str], stderr: bool = False) -> str:
+    """The first line a program's version command prints (on stderr where ``stderr``)."""
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False).stdout
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+        out = r.stderr if stderr else r.stdout
     except OSError:
         return "not installed"
     return out.splitlines()[0].strip() if out else "unknown"
@@ -119,23 +130,29 @@ def run(args: argparse.Namespace, log) -> Report:
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     log(f"==> building the dataset ({args.files:,} JPEGs, a {args.shard_mib} MiB shard, {args.parquet_files} "
-        f"Parquet files) on moto S3 behind the delay proxy")
+        f"Parquet files) on moto S3{' and nginx' if 'http' in args.sources else ''} behind the delay proxy")
     with DemoEnvironment(n_jpeg=args.files, shard_bytes=args.shard_mib << 20, keep=args.keep,
                          latency_ms=args.latency_ms, bandwidth_mbps=args.bandwidth_mbps,
                          n_parquet=args.parquet_files, parquet_rows=args.parquet_rows,
-                         row_group_size=args.row_group_rows) as env:
+                         row_group_size=args.row_group_rows, http="http" in args.sources) as env:
         log(f"    built in {env.build_seconds:.1f}s under {env.work}")
         mounts = Mounts()
+        outcomes = []
         try:
-            bench = PeerBench(env, make_systems(env, mounts, args.systems), mounts, args.workers,
-                              args.parquet_reads, log, args.repeat)
-            outcomes = bench.run()
+            for source in args.sources:
+                bench = PeerBench(env, make_systems(env, mounts, args.systems, source), mounts, args.workers,
+                                  args.parquet_reads, log, args.repeat)
+                outcomes += bench.run()
         finally:
             for problem in mounts.cleanup():
                 print(f"cleanup: {problem}", file=sys.stderr)
         sizes = {k: (len(env.files(f"s3/{k}/")), env.total_bytes(env.files(f"s3/{k}/")))
                  for k in ("imagenet", "shards", "parquet")}
         proxy = env.proxy.describe() if env.proxy is not None else "none"
+        source = f"moto S3 on loopback behind the delay proxy ({proxy})" if "s3" in args.sources else ""
+        if "http" in args.sources:
+            source += ("; " if source else "") + f"nginx ({_version(['nginx', '-v'], stderr=True).split(': ')[-1]}) on loopback " \
+                      f"behind its own delay proxy ({proxy})"
         work = env.work
     elapsed = time.perf_counter() - t0
     load1 = os.getloadavg()
@@ -154,21 +171,24 @@ def run(args: argparse.Namespace, log) -> Report:
         f"(other jobs share this machine when it is above ~1: the figures are then noisy)",
         f"- software: Python {platform.python_version()}, fsspec {fsspec.__version__}, "
         f"{_version(['rclone', 'version'])}, {_version(['s3fs', '--version'])}",
-        f"- source: moto S3 on loopback behind the delay proxy ({proxy})",
+        f"- sources: {source}" + ("" if "http" in args.sources else
+                                  " (the HTTP source runs in a full run, or with --sources s3,http)"),
         f"- data: {data}",
         f"- readers: {args.workers} worker processes, shuffled order (DataLoader-shaped, persistent workers); "
         f"{args.parquet_reads} random row-group reads; warm epoch and shard: median of {args.repeat} passes; every byte checked against the source's checksums",
         f"- command: `{args.command}`",
         "",
-        "Ratios: each system's rate / the local copy's (the limit), and / the best peer's (rclone, s3fs-fuse, "
-        "fsspec's caches). Warmup: the local copy is parallel GETs, one per object (what the delayed source delivers); "
-        "peers read every file once; datacache runs `datacache warmup`. Shard and Parquet reads follow the "
-        "warmup; the cold epoch starts from an empty cache (page cache dropped), the warm epoch is the next one.",
+        "Ratios, per source: each system's rate / the local copy's from that source (the limit), and / the best "
+        "peer's (rclone, s3fs-fuse, fsspec's caches). Warmup: the local copy is what the delayed source delivers "
+        "with parallel GETs (S3: one GET per object; HTTP: 8 MiB ranged GETs, 16 in flight); peers read every "
+        "file once; datacache runs `datacache warmup`. Shard and Parquet reads follow the warmup; the cold "
+        "epoch starts from an empty cache (page cache dropped), the warm epoch is the next one.",
         "",
-        "Caveat: moto reads a whole object for every ranged GET, so systems that fetch a large object in "
+        "Caveat (S3 rows): moto reads a whole object for every ranged GET, so systems that fetch a large object in "
         "ranges (datacache's warmup, blockcache, rclone's chunked reads) make it read the shard many times "
         "over, while one whole-object GET (the local copy, simplecache, s3fs-fuse) reads it once: on this "
-        "source the warmup row understates ranged readers. A real object store serves ranges at full speed.",
+        "source the warmup row understates ranged readers. nginx (the HTTP rows) serves ranges as a real "
+        "object store does: there the warmup goal is measured against parallel ranged GETs.",
         "",
         markdown_table(headers, rows),
         "",

@@ -10,6 +10,10 @@ end:
   dataset itself is built straight into moto (building is not what is measured),
 - builds the demo dataset with ``datacache.demo.data.build_demo_dataset`` (JPEG tree, Parquet
   files, one WebDataset tar shard in the bucket; a few files in a local directory),
+- optionally (``http=True``) serves a copy of the bucket's files with nginx
+  (``benchmarks.nginx.NginxServer``: an HTTP source with real range support) behind a second
+  ``DelayProxy`` with the same settings (``http_url``); ``new_home(source="http")`` then gives a
+  Dataset whose one mount is that URL (``mountPoint: http://...``, at ``path: /http``),
 - renders ``datacache/demo/demo-dataset.yaml`` for that endpoint and directory, and variants of it
   with another CacheRuntime (``runtime_yaml``), e.g. an SSD-only tiered store,
 - hands out fresh ``DATACACHE_HOME`` directories with the Dataset and a runtime applied
@@ -36,6 +40,7 @@ from importlib import resources as importlib_resources
 
 import yaml
 
+from benchmarks.nginx import NginxServer
 from benchmarks.proxy import DelayProxy
 from datacache.api.loader import load_resources
 from datacache.control.embedded import Embedded
@@ -169,6 +174,7 @@ class DemoEnvironment:
     ``bandwidth_mbps``: when either is not None, clients reach moto through a ``DelayProxy``
     with that first-byte latency and per-connection bandwidth (None counts as 0: none / unlimited).
     ``n_parquet`` Parquet files of ``parquet_rows`` rows in row groups of ``row_group_size`` rows.
+    ``http``: also serve the bucket's files with nginx behind its own proxy (see module doc).
     """
 
     n_jpeg: int = 2000
@@ -180,10 +186,13 @@ class DemoEnvironment:
     n_parquet: int = 3
     parquet_rows: int = 200_000
     row_group_size: int = 50_000
+    http: bool = False
 
     work: str = field(init=False, default="")
     s3: MotoServer | None = field(init=False, default=None)
     proxy: DelayProxy | None = field(init=False, default=None)
+    nginx: NginxServer | None = field(init=False, default=None)
+    http_proxy: DelayProxy | None = field(init=False, default=None)
     local_dir: str = field(init=False, default="")
     sums: dict[str, str] = field(init=False, default_factory=dict)
     sizes: dict[str, int] = field(init=False, default_factory=dict)
@@ -228,13 +237,29 @@ class DemoEnvironment:
         missing = [p for p in self.sums if p.startswith("s3/") and p not in self.sizes]
         if missing:
             raise RuntimeError(f"{len(missing)} generated files are not in the bucket, e.g. {missing[0]}")
+        if self.http:
+            self._serve_http()
         template = importlib_resources.files("datacache.demo").joinpath("demo-dataset.yaml").read_text()
         self._yaml_text = string.Template(template).safe_substitute(
             S3_ENDPOINT=self.endpoint_url, LOCAL_DIR=self.local_dir)
 
-    def __exit__(self, *exc: object) -> None:
+    def _serve_http(self) -> None:
+        """Copy the bucket (straight from moto: not measured) to ``<work>/http-root`` and serve it
+        with nginx, behind a ``DelayProxy`` when the S3 endpoint has one."""
+        root = self.path("http-root")
+        paths = self.files("s3/")
+        local = [os.path.join(root, p[len("s3/"):]) for p in paths]
+        for dst in local:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+        self.s3.s3fs().get([self.s3_key(p) for p in paths], local)
+        self.nginx = NginxServer(root).start()
         if self.proxy is not None:
-            self.proxy.stop()
+            self.http_proxy = DelayProxy(self.nginx.url, self.latency_ms or 0.0, self.bandwidth_mbps or 0.0).start()
+
+    def __exit__(self, *exc: object) -> None:
+        for server in (self.http_proxy, self.nginx, self.proxy):
+            if server is not None:
+                server.stop()
         if self.s3 is not None:
             self.s3.stop()
         for k, v in self._saved_env.items():
@@ -272,6 +297,17 @@ class DemoEnvironment:
         assert self.s3 is not None
         return {**self.s3.storage_options(), "endpoint_url": self.endpoint_url}
 
+    @property
+    def http_url(self) -> str:
+        """The HTTP source's URL (no trailing slash): the proxy's in front of nginx when there is one."""
+        if self.nginx is None:
+            raise RuntimeError("the environment was made without http=True")
+        return self.http_proxy.endpoint_url if self.http_proxy is not None else self.nginx.url
+
+    def http_file(self, path: str) -> str:
+        """``s3/x/y`` (a dataset path of the bucket) -> the same file's URL on the HTTP source."""
+        return f"{self.http_url}/{self.s3_key(path)[len(BUCKET) + 1:]}"
+
     def s3fs(self, **kwargs):
         """A fresh s3fs client of :attr:`endpoint_url` (through the proxy when there is one)."""
         assert self.s3 is not None
@@ -282,11 +318,14 @@ class DemoEnvironment:
         return os.path.join(self.work, *parts)
 
     # -- runtimes and homes ----------------------------------------------------------------------
-    def runtime_docs(self, runtime: str = "default") -> list[dict]:
-        """The demo's Dataset + CacheRuntime documents with ``runtime``'s tiered store."""
+    def runtime_docs(self, runtime: str = "default", source: str = "s3") -> list[dict]:
+        """The demo's Dataset + CacheRuntime documents with ``runtime``'s tiered store; for
+        ``source="http"`` the Dataset's only mount is the HTTP source, at ``/http``."""
         docs = [d for d in yaml.safe_load_all(self._yaml_text) if d]
         keep = RUNTIME_LEVELS[runtime]
         for d in docs:
+            if d["kind"] == "Dataset" and source == "http":
+                d["spec"]["mounts"] = [{"name": "http", "mountPoint": self.http_url + "/", "path": "/http"}]
             if d["kind"] == "CacheRuntime":
                 tiers = d["spec"]["tieredstore"]
                 tiers["levels"] = [lv for lv in tiers["levels"] if keep(lv)]
@@ -305,20 +344,22 @@ class DemoEnvironment:
         rt = next(d for d in self.runtime_docs(runtime) if d["kind"] == "CacheRuntime")
         return str(rt["spec"].get("blockSize", "default"))
 
-    def runtime_yaml(self, runtime: str = "default") -> str:
-        """Write ``runtime``'s documents to ``<work>/<runtime>.yaml``; returns the path."""
-        path = self.path(f"dataset-{runtime}.yaml")
+    def runtime_yaml(self, runtime: str = "default", source: str = "s3") -> str:
+        """Write ``runtime_docs(runtime, source)`` to ``<work>/dataset-<runtime>[-http].yaml``;
+        returns the path."""
+        path = self.path(f"dataset-{runtime}{'' if source == 's3' else '-' + source}.yaml")
         with open(path, "w") as f:
-            yaml.safe_dump_all(self.runtime_docs(runtime), f, sort_keys=False)
+            yaml.safe_dump_all(self.runtime_docs(runtime, source), f, sort_keys=False)
         return path
 
-    def new_home(self, runtime: str = "default") -> tuple[str, Embedded]:
-        """A fresh ``DATACACHE_HOME`` with the Dataset and ``runtime`` applied (metadata synced).
-        Returns ``(home, control plane)``; close the plane when done."""
+    def new_home(self, runtime: str = "default", source: str = "s3") -> tuple[str, Embedded]:
+        """A fresh ``DATACACHE_HOME`` with the Dataset of ``source`` (s3: the demo's; http: the
+        HTTP source) and ``runtime`` applied (metadata synced). Returns ``(home, control plane)``;
+        close the plane when done."""
         self._homes += 1
         home = self.path(f"home-{runtime}-{self._homes}")
         plane = Embedded(home)
-        plane.apply(load_resources(self.runtime_yaml(runtime)))
+        plane.apply(load_resources(self.runtime_yaml(runtime, source)))
         return home, plane
 
 

@@ -95,10 +95,12 @@ class Measure:
 @dataclass
 class Outcome:
     """What one system did: ``status`` ok | not installed (...) | failed: ..., its measures by
-    workload key, and peak RSS in MiB (None where there is no such process)."""
+    workload key, and peak RSS in MiB (None where there is no such process); ``source`` it read
+    (s3 | http: ratios compare systems of one source)."""
 
     system: str
     role: str
+    source: str = "s3"
     status: str = "ok"
     measures: dict[str, Measure] = field(default_factory=dict)
     daemon_rss_mib: float | None = None
@@ -155,7 +157,7 @@ class PeerBench:
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> list[Outcome]:
         for system in self.systems:
-            out = Outcome(system.name, system.role)
+            out = Outcome(system.name, system.role, source=system.source)
             self.outcomes.append(out)
             if system.missing:
                 out.status = system.missing
@@ -189,7 +191,7 @@ class PeerBench:
                  f"({r.nbytes / 1e6:,.1f} MB in {r.seconds:.2f}s)")
 
     def run_system(self, system: System, out: Outcome) -> None:
-        self.log(f"==> {system.name}")
+        self.log(f"==> {system.name} ({system.source})")
         opener = system.begin()
         large = [p for p in self.paths("s3/") if not p.startswith("s3/imagenet/")]
         if system.role == "local":

@@ -1,9 +1,9 @@
 """The report of a ``python -m benchmarks`` run: ratio table, memory table (markdown) and a PNG chart.
 
-Ratios are per workload, of each system's rate in the workload's unit (``peers.WORKLOADS``):
-``vs local`` = rate / the local copy's rate (the limit: 1.00), ``vs best peer`` = rate / the
-highest rate among the peers that ran (rclone, s3fs-fuse, fsspec's caches; the best peer reads
-1.00). A system that did not run shows its status ("not installed (...)", "failed: ...") instead.
+Ratios are per source (S3, HTTP) and workload, of each system's rate in the workload's unit
+(``peers.WORKLOADS``): ``vs local`` = rate / the local copy's rate from that source (the limit:
+1.00), ``vs best peer`` = rate / the highest rate among the peers that ran on that source (rclone,
+s3fs-fuse, fsspec's caches; the best peer reads 1.00). A system that did not run shows its status ("not installed (...)", "failed: ...") instead.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ __all__ = ["Ratio", "chart", "markdown_table", "memory_rows", "ratio_rows", "rat
 
 @dataclass(frozen=True)
 class Ratio:
-    """One (workload, system): ``rate`` in the workload's unit, ``mb_s``, and the two ratios
-    (None where there is no local copy / no peer figure to divide by)."""
+    """One (source, workload, system): ``rate`` in the workload's unit, ``mb_s``, and the two
+    ratios (None where there is no local copy / no peer figure to divide by)."""
 
     workload: str
     system: str
+    source: str
     rate: float
     mb_s: float
     vs_local: float | None
@@ -30,17 +31,20 @@ class Ratio:
 
 
 def ratios(outcomes: list[Outcome]) -> list[Ratio]:
-    """Every measured (workload, system), workloads in ``WORKLOADS`` order, systems in run order."""
+    """Every measured (source, workload, system): sources in run order, then workloads in
+    ``WORKLOADS`` order, systems in run order."""
     out = []
-    for w in WORKLOADS:
-        ran = [(o, o.measures[w.key]) for o in outcomes if o.status == "ok" and w.key in o.measures]
-        local = next((m.rate(w.unit) for o, m in ran if o.role == "local"), None)
-        peers = [(m.rate(w.unit), o.system) for o, m in ran if o.role == "peer"]
-        best, best_name = max(peers) if peers else (None, "")
-        for o, m in ran:
-            rate = m.rate(w.unit)
-            out.append(Ratio(w.key, o.system, rate, m.rate("MB/s"), rate / local if local else None,
-                             rate / best if best else None, o.system == best_name))
+    for source in dict.fromkeys(o.source for o in outcomes):
+        for w in WORKLOADS:
+            ran = [(o, o.measures[w.key]) for o in outcomes
+                   if o.source == source and o.status == "ok" and w.key in o.measures]
+            local = next((m.rate(w.unit) for o, m in ran if o.role == "local"), None)
+            peers = [(m.rate(w.unit), o.system) for o, m in ran if o.role == "peer"]
+            best, best_name = max(peers) if peers else (None, "")
+            for o, m in ran:
+                rate = m.rate(w.unit)
+                out.append(Ratio(w.key, o.system, source, rate, m.rate("MB/s"), rate / local if local else None,
+                                 rate / best if best else None, o.system == best_name))
     return out
 
 
@@ -48,26 +52,30 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _sources(outcomes: list[Outcome]) -> list[str]:
+    return list(dict.fromkeys(o.source for o in outcomes))
+
+
 def ratio_rows(outcomes: list[Outcome]) -> tuple[list[str], list[list[str]], int, int]:
-    """``(headers, rows, goals met, goals)`` of the ratio table."""
-    by_key = {(r.workload, r.system): r for r in ratios(outcomes)}
+    """``(headers, rows, goals met, goals)`` of the ratio table (goals counted per source)."""
+    by_key = {(r.source, r.workload, r.system): r for r in ratios(outcomes)}
     rows, met_n, goal_n = [], 0, 0
-    for w in WORKLOADS:
-        for o in outcomes:
-            r = by_key.get((w.key, o.system))
-            if r is None:
-                rows.append([w.title, o.system, o.status if o.status != "ok" else "not measured", "", "", ""])
-                continue
-            goal = next((g for g in GOALS if g.workload == w.key and o.system in g.systems), None)
-            gtext = "(limit)" if o.role == "local" else "(best peer)" if r.best_peer else ""
-            if goal is not None:
-                ok = all(v is not None and v >= want for v, want in ((r.vs_local, goal.vs_local),
-                                                                     (r.vs_peer, goal.vs_peer)))
-                gtext = f">={goal.vs_local:g}x local, >={goal.vs_peer:g}x peer: {'met' if ok else 'NOT met'}"
-                met_n, goal_n = met_n + ok, goal_n + 1
-            value = f"{r.rate:,.1f} {w.unit}" + (f" ({r.mb_s:,.1f} MB/s)" if w.unit != "MB/s" else "")
-            rows.append([w.title, o.system, value, _x(r.vs_local), _x(r.vs_peer), gtext])
-    return ["workload", "system", "rate", "vs local", "vs best peer", "goal"], rows, met_n, goal_n
+    cells = ((s, w, o) for s in _sources(outcomes) for w in WORKLOADS for o in outcomes if o.source == s)
+    for source, w, o in cells:
+        r = by_key.get((source, w.key, o.system))
+        if r is None:
+            rows.append([source, w.title, o.system, o.status if o.status != "ok" else "not measured", "", "", ""])
+            continue
+        goal = next((g for g in GOALS if g.workload == w.key and o.system in g.systems), None)
+        gtext = "(limit)" if o.role == "local" else "(best peer)" if r.best_peer else ""
+        if goal is not None:
+            ok = all(v is not None and v >= want for v, want in ((r.vs_local, goal.vs_local),
+                                                                 (r.vs_peer, goal.vs_peer)))
+            gtext = f">={goal.vs_local:g}x local, >={goal.vs_peer:g}x peer: {'met' if ok else 'NOT met'}"
+            met_n, goal_n = met_n + ok, goal_n + 1
+        value = f"{r.rate:,.1f} {w.unit}" + (f" ({r.mb_s:,.1f} MB/s)" if w.unit != "MB/s" else "")
+        rows.append([source, w.title, o.system, value, _x(r.vs_local), _x(r.vs_peer), gtext])
+    return ["source", "workload", "system", "rate", "vs local", "vs best peer", "goal"], rows, met_n, goal_n
 
 
 def memory_rows(outcomes: list[Outcome]) -> tuple[list[str], list[list[str]]]:
@@ -76,9 +84,9 @@ def memory_rows(outcomes: list[Outcome]) -> tuple[list[str], list[list[str]]]:
     def mib(v: float | None) -> str:
         return "-" if v is None else f"{v:,.0f}"
 
-    rows = [[o.system, o.status if o.status != "ok" else "ok", mib(o.daemon_rss_mib), mib(o.warmup_rss_mib),
-             mib(o.reader_rss_mib)] for o in outcomes]
-    return ["system", "status", "FUSE daemon", "warmup process", "reader process (max)"], rows
+    rows = [[o.source, o.system, o.status if o.status != "ok" else "ok", mib(o.daemon_rss_mib),
+             mib(o.warmup_rss_mib), mib(o.reader_rss_mib)] for o in outcomes]
+    return ["source", "system", "status", "FUSE daemon", "warmup process", "reader process (max)"], rows
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -98,10 +106,16 @@ def chart(outcomes: list[Outcome], path: str, title: str) -> str:
     import matplotlib.pyplot as plt
 
     rs = ratios(outcomes)
-    systems = list(dict.fromkeys(o.system for o in outcomes))
-    fig, axes = plt.subplots(len(WORKLOADS), 1, figsize=(9, 2.0 + 1.6 * len(WORKLOADS)), sharex=True)
+    several = len(_sources(outcomes)) > 1
+
+    def label(system: str, source: str) -> str:
+        return f"{system} [{source}]" if several else system
+
+    systems = list(dict.fromkeys(label(o.system, o.source) for o in outcomes))
+    fig, axes = plt.subplots(len(WORKLOADS), 1, figsize=(9, 2.0 + 1.6 * len(WORKLOADS) * (1.6 if several else 1)),
+                             sharex=True)
     for ax, w in zip(axes, WORKLOADS, strict=True):
-        vals = {r.system: r.vs_local for r in rs if r.workload == w.key and r.vs_local}
+        vals = {label(r.system, r.source): r.vs_local for r in rs if r.workload == w.key and r.vs_local}
         names = [s for s in systems if s in vals]
         ax.barh(names, [vals[s] for s in names],
                 color=["#1f77b4" if "datacache" in s else "#7f7f7f" if "local" in s else "#ff7f0e" for s in names])

@@ -4,17 +4,21 @@ A ``System`` starts with an empty cache (``begin``: a fresh cache directory, and
 for the FUSE ones) and returns the ``loader.Opener`` its readers use; ``warmup`` fills its
 cache (or copy) with the files of its tasks and returns what it moved; ``end`` unmounts and keeps the serving
 process's peak RSS (``VmHWM``). Roles: ``local`` (the plain local copy: the limit), ``datacache``
-(the subject) and ``peer``.
+(the subject) and ``peer``. ``source``: the source every system of one set reads, ``s3`` (moto
+behind the delay proxy) or ``http`` (nginx behind its own delay proxy, the same files and settings).
 
-- ``LocalCopy``: copies every object with parallel GETs (one per object, ``COPY_CONCURRENCY``
-  objects in flight, s3fs's ``get``) - the best a plain copy can do from this source, and the
-  measure of what the delayed source delivers; reads ``open()`` the copy.
-- ``DatacacheFuse`` / ``DatacacheFsspec``: a fresh ``DATACACHE_HOME`` with the demo Dataset and
-  CacheRuntime; warmup is the engine of ``datacache warmup`` on the folders
-  (``s3/shards s3/parquet``), in a child process (``benchmarks.warmup_child``: its own peak RSS); reads go through ``datacache mount`` or ``datacache://``.
-- ``FsspecCache``: ``simplecache::s3://`` (whole files) or ``blockcache::s3://`` (blocks) over s3fs.
-- ``RcloneMount``: ``rclone mount --vfs-cache-mode full`` (Debian's rclone; ``fuse_read.Mounts``).
-- ``S3fsFuse``: ``s3fs -f -o use_cache=DIR`` (Debian's s3fs-fuse), read-only.
+- ``LocalCopy``: copies every file with parallel GETs - the best a plain copy can do from this
+  source, and the measure of what the delayed source delivers; reads ``open()`` the copy. From
+  S3: one GET per object (``COPY_CONCURRENCY`` objects in flight, s3fs's ``get``). From HTTP:
+  ranged GETs of ``RANGE_BYTES`` (``COPY_CONCURRENCY`` in flight), as a parallel downloader does.
+- ``DatacacheFuse`` / ``DatacacheFsspec``: a fresh ``DATACACHE_HOME`` with the demo Dataset (or, for
+  HTTP, a Dataset whose mountPoint is the nginx URL) and CacheRuntime; warmup is the engine of
+  ``datacache warmup`` on the folders (``s3/shards s3/parquet``, ``http/...``), in a child process
+  (``benchmarks.warmup_child``: its own peak RSS); reads go through ``datacache mount`` or ``datacache://``.
+- ``FsspecCache``: ``simplecache::`` (whole files) or ``blockcache::`` (blocks) over s3fs or fsspec's HTTP.
+- ``RcloneMount``: ``rclone mount --vfs-cache-mode full`` (Debian's rclone) of the bucket
+  (``fuse_read.Mounts``) or of the HTTP source (``:http: --http-url``).
+- ``S3fsFuse``: ``s3fs -f -o use_cache=DIR`` (Debian's s3fs-fuse), read-only; S3 only.
 
 Peers have no warmup command: their ``warmup`` reads every file once through the system with the
 reader pool (``workers`` processes), which is how a user fills their caches. Mount-based systems
@@ -31,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.common import BUCKET, DATASET, DemoEnvironment, rclone_s3_config, s3fs_fuse_passwd
 from benchmarks.fuse_read import Mount, Mounts, is_fuse_mount
@@ -39,7 +44,8 @@ from datacache.demo.s3server import DEFAULT_REGION
 
 __all__ = ["SYSTEMS", "System", "make_systems"]
 
-COPY_CONCURRENCY = 16  # objects in flight during the plain copy
+COPY_CONCURRENCY = 16  # GETs in flight during the plain copy
+RANGE_BYTES = 8 << 20  # bytes per ranged GET of the plain copy from HTTP
 
 
 class System:
@@ -50,9 +56,10 @@ class System:
     program = ""  # an executable it needs ("" for none)
     fuse = False
 
-    def __init__(self, env: DemoEnvironment, mounts: Mounts):
+    def __init__(self, env: DemoEnvironment, mounts: Mounts, source: str = "s3"):
         self.env = env
         self.mounts = mounts
+        self.source = source
         self.mount: Mount | None = None
         self.daemon_rss_mib: float | None = None  # the serving process (FUSE daemon)
         self.warmup_rss_mib: float | None = None  # the warmup process, where it is one
@@ -67,8 +74,9 @@ class System:
 
     @property
     def slug(self) -> str:
-        """The name in letters, digits and dashes (for directory names)."""
-        return "".join(c if c.isalnum() else "-" for c in self.name.lower()).strip("-")
+        """The name (and a non-S3 source) in letters, digits and dashes (for directory names)."""
+        name = self.name if self.source == "s3" else f"{self.source} {self.name}"
+        return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
 
     def dir(self, what: str) -> str:
         """A fresh directory ``<work>/<slug>-<what>`` (0700)."""
@@ -102,8 +110,8 @@ class LocalCopy(System):
     name = "local copy (the limit)"
     role = "local"
 
-    def __init__(self, env: DemoEnvironment, mounts: Mounts):
-        super().__init__(env, mounts)
+    def __init__(self, env: DemoEnvironment, mounts: Mounts, source: str = "s3"):
+        super().__init__(env, mounts, source)
         self.root = ""
 
     def _begin(self) -> Opener:
@@ -112,7 +120,8 @@ class LocalCopy(System):
 
     def warmup(self, pool: ReaderPool | None, tasks: list[Task]) -> Result:
         t0 = time.perf_counter()
-        nbytes = parallel_copy(self.env, [t.path for t in tasks], self.root)
+        copy = parallel_copy if self.source == "s3" else parallel_ranged_copy
+        nbytes = copy(self.env, [t.path for t in tasks], self.root)
         return Result(time.perf_counter() - t0, nbytes, len(tasks), [], 0.0)
 
 
@@ -126,11 +135,48 @@ def parallel_copy(env: DemoEnvironment, paths: list[str], root: str) -> int:
     for dst in local:
         os.makedirs(os.path.dirname(dst), exist_ok=True)
     fs.get([env.s3_key(p) for p in paths], local, batch_size=COPY_CONCURRENCY)
+    return _check_copy(env, paths, local)
+
+
+def _check_copy(env: DemoEnvironment, paths: list[str], local: list[str]) -> int:
     copied = sum(os.path.getsize(dst) for dst in local)
     want = sum(env.sizes[p] for p in paths)
     if copied != want:
-        raise RuntimeError(f"the local copy has {copied} bytes, the bucket {want}")
+        raise RuntimeError(f"the local copy has {copied} bytes, the source {want}")
     return copied
+
+
+def parallel_ranged_copy(env: DemoEnvironment, paths: list[str], root: str) -> int:
+    """Copy dataset ``paths`` (``s3/...``) from the HTTP source (``env.http_file``, through its
+    proxy) to ``root``: every file cut into ``RANGE_BYTES`` ranges, ``COPY_CONCURRENCY`` ranged GETs
+    in flight (fsspec's HTTP ``cat_file``, each written in place with ``pwrite``). Returns bytes
+    copied; raises RuntimeError when a size differs, OSError/aiohttp errors as they come."""
+    import fsspec
+
+    fs = fsspec.filesystem("http", skip_instance_cache=True)
+    local = [os.path.join(root, p[len("s3/"):]) for p in paths]
+    jobs = []
+    for p, dst in zip(paths, local, strict=True):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        size = env.sizes[p]
+        with open(dst, "wb") as f:
+            f.truncate(size)
+        jobs += [(env.http_file(p), dst, start, min(start + RANGE_BYTES, size)) for start in range(0, size, RANGE_BYTES)]
+
+    def fetch(job: tuple[str, str, int, int]) -> None:
+        url, dst, start, end = job
+        data = fs.cat_file(url, start=start, end=end)
+        if len(data) != end - start:
+            raise RuntimeError(f"{url} bytes {start}-{end}: got {len(data)} bytes")
+        fd = os.open(dst, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, start)
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(COPY_CONCURRENCY) as pool:
+        list(pool.map(fetch, jobs))
+    return _check_copy(env, paths, local)
 
 
 class Datacache(System):
@@ -138,12 +184,15 @@ class Datacache(System):
 
     role = "datacache"
 
-    def __init__(self, env: DemoEnvironment, mounts: Mounts):
-        super().__init__(env, mounts)
+    def __init__(self, env: DemoEnvironment, mounts: Mounts, source: str = "s3"):
+        super().__init__(env, mounts, source)
         self.home = ""
+        # where the source's files are in the Dataset: /s3 (the demo's S3 mount) or /http
+        self.strip = "" if source == "s3" else "s3/"
+        self.mount_path = source
 
     def new_home(self) -> str:
-        home, plane = self.env.new_home()
+        home, plane = self.env.new_home(source=self.source)
         plane.close()
         self.home = home
         return home
@@ -151,7 +200,7 @@ class Datacache(System):
     def warmup(self, pool: ReaderPool | None, tasks: list[Task]) -> Result:
         """The warmup engine on the folders of ``tasks`` (``s3/shards``, ...) in a child process
         (``benchmarks.warmup_child``: timed around the warmup call, its own peak RSS)."""
-        targets = sorted({"/".join(t.path.split("/")[:2]) for t in tasks})
+        targets = sorted({f"{self.mount_path}/{t.path.split('/')[1]}" for t in tasks})
         cmd = [sys.executable, "-m", "benchmarks.warmup_child", self.home, DATASET, *targets]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, stdin=subprocess.DEVNULL, check=False)
         try:
@@ -174,7 +223,8 @@ class DatacacheFuse(Datacache):
     def _begin(self) -> Opener:
         # Mounted before its warmup: the daemon and `datacache warmup` share the SSD tier.
         self.mount = self.mounts.datacache(self.name, self.new_home(), self.dir("mnt"))
-        return Opener("path", self.mount.mountpoint)
+        return Opener("path", os.path.join(self.mount.mountpoint, "" if self.source == "s3" else self.mount_path),
+                      strip=self.strip)
 
 
 class DatacacheFsspec(Datacache):
@@ -183,32 +233,44 @@ class DatacacheFsspec(Datacache):
     name = "datacache:// (fsspec)"
 
     def _begin(self) -> Opener:
-        return Opener("fsspec", f"{DATASET}/", protocol="datacache", options={"home": self.new_home()})
+        prefix = f"{DATASET}/" if self.source == "s3" else f"{DATASET}/{self.mount_path}/"
+        return Opener("fsspec", prefix, strip=self.strip, protocol="datacache", options={"home": self.new_home()})
 
 
 class FsspecCache(System):
-    """fsspec's ``simplecache`` or ``blockcache`` (``protocol``) over s3fs, a fresh cache directory."""
+    """fsspec's ``simplecache`` or ``blockcache`` (``protocol``) over s3fs or fsspec's HTTP, a
+    fresh cache directory."""
 
-    def __init__(self, env: DemoEnvironment, mounts: Mounts, protocol: str):
-        super().__init__(env, mounts)
+    def __init__(self, env: DemoEnvironment, mounts: Mounts, protocol: str, source: str = "s3"):
+        super().__init__(env, mounts, source)
         self.protocol = protocol
-        self.name = f"fsspec {protocol}::s3"
+        self.name = f"fsspec {protocol}::{source}"
 
     def _begin(self) -> Opener:
-        options = {"target_protocol": "s3", "target_options": self.env.storage_options(),
-                   "cache_storage": self.dir("cache")}
-        return Opener("fsspec", f"{BUCKET}/", strip="s3/", protocol=self.protocol,
-                      options=options)
+        if self.source == "s3":
+            target, prefix = {"target_protocol": "s3", "target_options": self.env.storage_options()}, f"{BUCKET}/"
+        else:
+            target, prefix = {"target_protocol": "http", "target_options": {}}, f"{self.env.http_url}/"
+        return Opener("fsspec", prefix, strip="s3/", protocol=self.protocol,
+                      options={**target, "cache_storage": self.dir("cache")})
 
 
 class RcloneMount(System):
-    """``rclone mount --vfs-cache-mode full`` of the bucket (``fuse_read.Mounts.rclone``)."""
+    """``rclone mount --vfs-cache-mode full`` of the bucket (``fuse_read.Mounts.rclone``) or of the
+    HTTP source (rclone's ``:http:`` backend, ``--http-url``: it lists the nginx index pages)."""
 
     name = "rclone mount --vfs-cache-mode full"
     program = "rclone"
     fuse = True
 
     def _begin(self) -> Opener:
+        if self.source == "http":
+            mountpoint, log = self.dir("mnt"), self.env.path("rclone-http.log")
+            cmd = ["rclone", "mount", ":http:", mountpoint, "--http-url", self.env.http_url + "/",
+                   "--vfs-cache-mode", "full", "--cache-dir", self.dir("cache"), "--read-only",
+                   "--dir-cache-time", "1h", "--log-file", log, "--log-level", "NOTICE"]
+            self.mount = start_fuse(self.mounts, "rclone", self.name, cmd, mountpoint, log)
+            return Opener("path", mountpoint, strip="s3/")
         conf = rclone_s3_config(self.env.path("rclone.conf"), "moto", DEFAULT_REGION)
         self.mount = self.mounts.rclone(self.name, f"moto:{BUCKET}", self.dir("mnt"), conf, self.env.endpoint_url,
                                         self.dir("cache"), self.env.path("rclone.log"))
@@ -229,34 +291,48 @@ class S3fsFuse(System):
         cmd = ["env", "-u", "AWS_CA_BUNDLE", "s3fs", BUCKET, mountpoint, "-f", "-o", f"url={self.env.endpoint_url}",
                "-o", "use_path_request_style", "-o", f"passwd_file={passwd}", "-o", f"endpoint={DEFAULT_REGION}",
                "-o", f"use_cache={cache}", "-o", "ro"]
-        with open(log, "ab") as f:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=f, start_new_session=True)
-        self.mount = Mount("s3fs", self.name, mountpoint, proc.pid, proc=proc, log=log)  # env execs s3fs
-        self.mounts.mounts.append(self.mount)
-        deadline = time.monotonic() + 60
-        while not is_fuse_mount(mountpoint):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                with open(log, errors="replace") as f:
-                    raise RuntimeError(f"s3fs did not mount (exit {proc.poll()}): {f.read()[-1000:]}")
-            time.sleep(0.05)
+        self.mount = start_fuse(self.mounts, "s3fs", self.name, cmd, mountpoint, log)
         return Opener("path", mountpoint, strip="s3/")
 
 
+def start_fuse(mounts: Mounts, kind: str, label: str, cmd: list[str], mountpoint: str, log: str,
+               timeout: float = 60.0) -> Mount:
+    """Start a FUSE daemon ``cmd`` that stays in the foreground (its pid is our child's; ``env``
+    execs), output to ``log``; record it in ``mounts`` and wait up to ``timeout`` seconds for the
+    mount. Raises RuntimeError with the log's tail when it exits or does not mount in time."""
+    with open(log, "ab") as f:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=f, start_new_session=True)
+    mount = Mount(kind, label, mountpoint, proc.pid, proc=proc, log=log)
+    mounts.mounts.append(mount)
+    deadline = time.monotonic() + timeout
+    while not is_fuse_mount(mountpoint):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with open(log, errors="replace") as f:
+                raise RuntimeError(f"{kind} did not mount (exit {proc.poll()}): {f.read()[-1000:]}")
+        time.sleep(0.05)
+    return mount
+
+
 SYSTEMS = ("local", "datacache-fuse", "datacache-fsspec", "simplecache", "blockcache", "rclone", "s3fs")
+SOURCES = ("s3", "http")
+S3_ONLY = ("s3fs",)  # systems that cannot read an HTTP source
 
 
-def make_systems(env: DemoEnvironment, mounts: Mounts, names: tuple[str, ...] = SYSTEMS) -> list[System]:
-    """The systems named (keys of ``SYSTEMS``), in that order; raises ValueError on an unknown name."""
+def make_systems(env: DemoEnvironment, mounts: Mounts, names: tuple[str, ...] = SYSTEMS,
+                 source: str = "s3") -> list[System]:
+    """The systems named (keys of ``SYSTEMS``), in that order, reading ``source`` (``SOURCES``;
+    for http the S3-only ones are left out); raises ValueError on an unknown name or source."""
     makers = {
-        "local": lambda: LocalCopy(env, mounts),
-        "datacache-fuse": lambda: DatacacheFuse(env, mounts),
-        "datacache-fsspec": lambda: DatacacheFsspec(env, mounts),
-        "simplecache": lambda: FsspecCache(env, mounts, "simplecache"),
-        "blockcache": lambda: FsspecCache(env, mounts, "blockcache"),
-        "rclone": lambda: RcloneMount(env, mounts),
-        "s3fs": lambda: S3fsFuse(env, mounts),
+        "local": lambda: LocalCopy(env, mounts, source),
+        "datacache-fuse": lambda: DatacacheFuse(env, mounts, source),
+        "datacache-fsspec": lambda: DatacacheFsspec(env, mounts, source),
+        "simplecache": lambda: FsspecCache(env, mounts, "simplecache", source),
+        "blockcache": lambda: FsspecCache(env, mounts, "blockcache", source),
+        "rclone": lambda: RcloneMount(env, mounts, source),
+        "s3fs": lambda: S3fsFuse(env, mounts, source),
     }
     unknown = [n for n in names if n not in makers]
-    if unknown:
-        raise ValueError(f"unknown system(s) {', '.join(unknown)} (known: {', '.join(SYSTEMS)})")
-    return [makers[n]() for n in names]
+    if unknown or source not in SOURCES:
+        raise ValueError(f"unknown system(s) {', '.join(unknown)} (known: {', '.join(SYSTEMS)})" if unknown
+                         else f"unknown source {source!r} (known: {', '.join(SOURCES)})")
+    return [makers[n]() for n in names if source == "s3" or n not in S3_ONLY]

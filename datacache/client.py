@@ -6,6 +6,7 @@ source (cache + UFS) and read-ahead settings. It knows nothing of FUSE, HTTP or 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -32,11 +33,14 @@ class DatasetClient:
     seconds between two such checks by :meth:`stat`, :meth:`listdir` and :meth:`open` (None: they
     never check; the FUSE daemon, which does not call them, runs :meth:`maybe_reload` on a timer). With
     ``readahead`` > 0, open files load their next block in a pool of ``AHEAD_THREADS`` threads
-    (see :mod:`datacache.reader`).
+    (see :mod:`datacache.reader`). ``manifest_lock``: callable returning a context manager that
+    excludes other processes' manifest writes (a sync's replace) while a refresh loads, edits and
+    saves the stored manifest.
     """
 
     def __init__(self, name: str, manifest: Manifest, source, ufs, save_manifest=None, readahead: int = 4,
-                 load_manifest=None, manifest_path: str | None = None, reload_interval: float | None = 1.0):
+                 load_manifest=None, manifest_path: str | None = None, reload_interval: float | None = 1.0,
+                 manifest_lock=contextlib.nullcontext):
         self.name = name
         self._manifest = manifest
         self.generation = 0  # counts changes of the current manifest
@@ -46,6 +50,7 @@ class DatasetClient:
         self._load = load_manifest
         self.readahead = readahead
         self._lock = threading.Lock()
+        self._manifest_lock = manifest_lock
         self._path = manifest_path
         self._stamp = _stamp(manifest_path)
         self.reload_interval = reload_interval
@@ -130,7 +135,7 @@ class DatasetClient:
         return total
 
     def usage(self) -> tuple[int, int]:
-        """``(used, capacity)`` bytes of the cache's largest level."""
+        """``(used, capacity)`` bytes of the cache level blocks are written to (its first disk level)."""
         return self.source.usage()
 
     def reload(self) -> bool:
@@ -171,9 +176,10 @@ class DatasetClient:
             entry = FileEntry(old.path, old.mount, old.ufs_path, fresh.size, fresh.mtime, fresh.version)
         except FileNotFoundError:
             entry = None
-        with self._lock:
+        with self._lock, self._manifest_lock():
             # Apply the change to the newest stored snapshot, not to ours: a sync by another
-            # process may have written a newer one, which saving ours would revert.
+            # process may have written a newer one, which saving ours would revert (the lock keeps
+            # a sync from replacing it between our load and our save).
             base = (self._load() if self._load is not None else None) or self._manifest
             new = base.with_entry(entry, old.path)
             previous, self._manifest = self._manifest, new

@@ -1,9 +1,11 @@
 """Warmup (DataLoad) engine: prefetch a dataset's files into the cache before training.
 
 Targets are dataset paths: a file, a directory (everything below) or a glob. Each file is cut into
-segments of up to ``segment_bytes``; a segment is one UFS read that fills several blocks, so a large
-object costs a few large GETs and a small file one. Segments run ``parallel`` at a time (the UFS
-sees that many concurrent reads) and hold their bytes against the source's memory budget.
+segments of up to ``segment_bytes`` (smaller when the whole load is only a few segments per thread,
+so one large object is still read by parallel GETs); a segment is one UFS read that fills several
+blocks, so a large object costs a few large GETs and a small file one. Segments run ``parallel``
+at a time (the UFS sees that many concurrent reads) and hold their bytes against the source's
+memory budget.
 Already-cached blocks are skipped, so a warmup is resumable. At the end every target is checked
 against what the cache actually holds (case C13): Complete means 100 % of its current-version
 bytes are cached; anything else is Failed with what is missing and why (cases C1, C9).
@@ -49,16 +51,29 @@ class WarmupResult:
 
 
 @dataclass
-class Progress:
-    """Live counters for a progress bar: files and bytes done out of the totals."""
+class TargetProgress:
+    """Live counters of one target: files and bytes (of its selected files) done out of its totals."""
 
+    path: str
     files_total: int = 0
     bytes_total: int = 0
     files_done: int = 0
     bytes_done: int = 0
 
 
-def warmup(client, targets: list[str] | None = None, *, parallel: int = 8, segment_bytes: int = 32 << 20,
+@dataclass
+class Progress:
+    """Live counters for a progress bar: files and bytes done out of the totals, overall (a file
+    under several targets counts once) and per target (``targets``, in the order given)."""
+
+    files_total: int = 0
+    bytes_total: int = 0
+    files_done: int = 0
+    bytes_done: int = 0
+    targets: list[TargetProgress] = field(default_factory=list)
+
+
+def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segment_bytes: int = 32 << 20,
            on_progress: Callable[[Progress], None] | None = None,
            cancel: threading.Event | None = None) -> WarmupResult:
     """Load ``targets`` (default: the whole dataset) of ``client`` (a DatasetClient) into its cache.
@@ -89,9 +104,15 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 8, segme
         per_target[-1] = entries
         selected.update((e.path, e) for e in entries)
 
-    progress = Progress(len(selected), sum(e.size for e in selected.values()))
+    progress = Progress(len(selected), sum(e.size for e in selected.values()),
+                        targets=[TargetProgress(r.path, r.files, r.bytes) for r in results])
+    owners: dict[str, list[TargetProgress]] = {}  # dataset path -> the targets that selected it
+    for counters, mine in zip(progress.targets, per_target):
+        for e in mine:
+            owners.setdefault(e.path, []).append(counters)
     ufs_before = client.source.ufs_bytes
-    file_errors = _load(client, list(selected.values()), parallel, segment_bytes, progress, on_progress, cancel)
+    file_errors = _load(client, list(selected.values()), owners, parallel, segment_bytes, progress, on_progress,
+                        cancel)
     loaded = client.source.ufs_bytes - ufs_before
 
     for res, mine in zip(results, per_target):
@@ -117,9 +138,13 @@ def _segments(entry: FileEntry, block_size: int, segment_bytes: int):
         yield first, min(first + per, n) - 1
 
 
-def _load(client, entries, parallel, segment_bytes, progress, on_progress, cancel) -> dict[str, str]:
-    """Run all segments; returns {dataset path: error message} for files that failed."""
+def _load(client, entries, owners, parallel, segment_bytes, progress, on_progress, cancel) -> dict[str, str]:
+    """Run all segments, counting each into ``progress`` and the TargetProgress of each target in
+    ``owners[path]``; returns {dataset path: error message} for files that failed."""
     source, bs = client.source, client.block_size
+    # Few large files would otherwise be a few long GETs on a few connections: cut segments so the
+    # whole load has at least ~4 per thread in flight (each still at least one block).
+    segment_bytes = min(segment_bytes, max(bs, sum(e.size for e in entries) // (parallel * 4)))
     errors: dict[str, str] = {}
     remaining = {e.path: block_count(e.size, bs) for e in entries}
     lock = threading.Lock()
@@ -129,14 +154,13 @@ def _load(client, entries, parallel, segment_bytes, progress, on_progress, cance
             if entry.path not in errors:
                 source.fill(entry, first, last)
         except OSError as err:
-            reason = "does not fit in the cache quota" if err.errno == errno.ENOSPC else f"{type(err).__name__}: {err.strerror or err}"
+            # ENOSPC says why the cache did not keep it (quota, full device, unhealthy tier).
+            reason = err.strerror if err.errno == errno.ENOSPC and err.strerror else f"{type(err).__name__}: {err.strerror or err}"
             errors.setdefault(entry.path, reason)
         with lock:
-            n = last - first + 1
-            progress.bytes_done += min((last + 1) * bs, entry.size) - first * bs
-            remaining[entry.path] -= n
-            if remaining[entry.path] == 0:
-                progress.files_done += 1
+            remaining[entry.path] -= last - first + 1
+            _count(progress, owners[entry.path], min((last + 1) * bs, entry.size) - first * bs,
+                   remaining[entry.path] == 0)
             if on_progress is not None:
                 on_progress(progress)
 
@@ -146,7 +170,8 @@ def _load(client, entries, parallel, segment_bytes, progress, on_progress, cance
             if cancel is not None and cancel.is_set():
                 break
             if entry.size == 0:
-                progress.files_done += 1
+                with lock:
+                    _count(progress, owners[entry.path], 0, True)
                 continue
             for first, last in _segments(entry, bs, segment_bytes):
                 if cancel is not None and cancel.is_set():
@@ -158,3 +183,10 @@ def _load(client, entries, parallel, segment_bytes, progress, on_progress, cance
     if on_progress is not None:
         on_progress(progress)
     return errors
+
+
+def _count(progress: Progress, targets: list[TargetProgress], nbytes: int, file_done: bool) -> None:
+    """Add ``nbytes`` (and a finished file) to the overall counters and to each of ``targets``."""
+    for counters in (progress, *targets):
+        counters.bytes_done += nbytes
+        counters.files_done += file_done

@@ -111,7 +111,10 @@ class DatasetFile(io.RawIOBase):
         first, last = offset // self._bs, (end - 1) // self._bs
         if first == last:
             block = self._block(first)
-            return memoryview(block).toreadonly()[offset - first * self._bs:end - first * self._bs]
+            lo, hi = offset - first * self._bs, end - first * self._bs
+            if lo == 0 and hi == len(block) and isinstance(block, bytes):
+                return block  # a whole small file: pread's bytes() of it is then no copy either
+            return memoryview(block).toreadonly()[lo:hi]
         parts = []
         for i in range(first, last + 1):
             block = self._block(i)

@@ -115,3 +115,24 @@ def test_c2_concurrent_readers_hold_the_quota_while_they_run(datacache_home, tmp
         assert sums[f"f{i:03d}.bin"] == (src / f"f{i:03d}.bin").read_bytes()
     assert sampler.peak <= QUOTA + BLOCK, f"cache dir reached {sampler.peak} bytes"
     client.close()
+
+
+def test_capacity_and_use_are_the_disk_level_even_when_mem_is_larger(tmp_path):
+    """Blocks are written to the first disk level and MEM holds copies of hot ones: capacity and use
+    (cacheCapacity, a worker's used bytes) are that level's, whatever MEM's quota is."""
+    from datacache.cache.disk import DiskTier
+    from datacache.cache.memory import MemoryTier
+    from datacache.cache.tiered import TieredStore
+
+    store = TieredStore([MemoryTier(2 << 30), DiskTier(str(tmp_path / "ssd"), 1 << 30)])
+    try:
+        blocks = {f"k{i}": os.urandom(100_000) for i in range(3)}
+        for key, data in blocks.items():
+            assert store.put(key, data)
+        for key in blocks:  # second access promotes to MEM: still counted once
+            store.get(key), store.get(key)
+        assert store.capacity == 1 << 30
+        assert store.used() == store.levels[1].used() >= 300_000
+        assert store.levels[0].used() == 300_000
+    finally:
+        store.close()

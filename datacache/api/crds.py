@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from .models import API_VERSION, KINDS
 
-__all__ = ["GROUP", "VERSION", "PLURALS", "crd", "crds", "structural"]
+__all__ = ["GROUP", "VERSION", "PLURALS", "CLUSTER_SCOPED", "crd", "crds", "structural"]
 
 GROUP, VERSION = API_VERSION.split("/")
 
@@ -37,7 +37,8 @@ PLURALS = {
 """Kind → plural resource name (``kubectl get datasets``)."""
 
 _SHORT_NAMES = {"Dataset": ["ds"], "CacheRuntime": ["cr"], "DataLoad": ["dl"]}
-_CLUSTER_SCOPED = {"ThinRuntimeProfile"}
+CLUSTER_SCOPED = frozenset({"ThinRuntimeProfile"})
+"""Kinds without a namespace."""
 
 
 def _column(name: str, path: str, kind: str = "string", priority: int = 0) -> dict[str, Any]:
@@ -184,7 +185,7 @@ def crd(kind: str) -> dict[str, Any]:
         "spec": {
             "group": GROUP,
             "names": names,
-            "scope": "Cluster" if kind in _CLUSTER_SCOPED else "Namespaced",
+            "scope": "Cluster" if kind in CLUSTER_SCOPED else "Namespaced",
             "versions": [version],
         },
     }

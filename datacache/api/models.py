@@ -33,6 +33,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from .quantity import parse_quantity
+from datacache.ufs.retry import option_problems
 
 __all__ = [
     "API_VERSION",
@@ -348,6 +349,7 @@ class Mount(_Model):
                 )))
             elif not isinstance(item, (str, int, float, bool)):
                 problems.append(((key,), f"expected a string, number or boolean, got {describe(item)}"))
+        problems += [((key,), msg) for key, msg in option_problems(value)]  # UFS timeouts, retries
         if problems:
             raise FieldProblems(problems)
         return value
@@ -835,12 +837,15 @@ class DataLoadSpec(_Model):
 
 
 class TargetStatus(_Model):
-    """Progress of one DataLoad target: files and bytes found, bytes cached, failures."""
+    """Progress of one DataLoad target: files and bytes found, bytes cached, failures; while the
+    load is Executing, ``files_done``/``bytes_done`` (bytes) so far."""
 
     path: str
     files: int = 0
     bytes: int = 0
     cached_bytes: int = 0
+    files_done: int | None = None
+    bytes_done: int | None = None
     phase: Literal["Pending", "Executing", "Complete", "Failed"] = "Pending"
     failures: list[str] = Field(default_factory=list)
 

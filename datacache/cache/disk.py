@@ -11,13 +11,18 @@ Layout and safety:
   (cases C1, C2), across processes, with at most the block being written in flight.
 - Every block is verified against its xxh3 checksum when read; a corrupt block is dropped and
   reported as a miss, so the caller refetches it and never returns wrong bytes.
+- A hit writes nothing to the index (a write transaction per read cost more than the read and
+  serialised reader processes on SQLite's write lock): its access time is kept in memory and
+  written with the others once per ``ACCESS_FLUSH_S`` seconds and before every eviction, so LRU
+  order holds in this process and is at most that late across processes.
 - A process killed while storing a block leaves a file with no index row; such files, once older
   than ``ORPHAN_GRACE_S``, are deleted by a sweep when a tier opens the directory.
 - A failing device never fails a read. A device that fills before the quota (ENOSPC, SQLite "disk
   is full") evicts to the low watermark and tries once more, else skips caching that block; any
   other write or index error (read-only or vanished directory, EIO) marks the tier unhealthy: it
   then caches nothing and reports misses, so blocks come from the UFS, and is tried again after
-  ``RECHECK_S`` seconds.
+  ``RECHECK_S`` seconds. A directory that cannot be opened at start-up (read-only, not ours)
+  starts the tier unhealthy the same way, with a warning naming the directory and the fix.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from datacache.cache.blocks import checksum
 log = logging.getLogger(__name__)
 RECHECK_S = 30.0  # seconds an unhealthy tier is left alone before a write is tried again
 ORPHAN_GRACE_S = 600.0  # an unindexed block file older than this is a crash's leftover
+ACCESS_FLUSH_S = 1.0  # seconds between two writes of the blocks' access times to the index
+_SELECT_BLOCK = "SELECT filename, tag FROM Cache WHERE key = ? AND raw = 1 AND filename IS NOT NULL"
 
 
 def _is_full(err: BaseException) -> bool:
@@ -77,8 +84,8 @@ class _PrivateDisk(diskcache.Disk):
 class DiskTier:
     """Block files under ``path`` bounded by ``quota`` bytes with ``high``/``low`` watermarks.
 
-    ``medium`` is "SSD" or "HDD" (only reported). Raises ``OSError`` if the directory cannot be
-    created. Counters (this process only): ``evictions``, ``corrupt`` (blocks dropped for a bad
+    ``medium`` is "SSD" or "HDD" (only reported). Never raises for an unusable directory: the
+    tier then starts unhealthy (see :meth:`_open`). Counters (this process only): ``evictions``, ``corrupt`` (blocks dropped for a bad
     checksum), ``full_bypasses`` (writes that met a full device), ``write_errors``; ``healthy``
     is False after a device error (see the module docstring).
     """
@@ -89,27 +96,8 @@ class DiskTier:
         self.quota = quota
         self._high = int(quota * high)
         self._low = int(quota * low)
-        private.makedirs(self.path)
         self._lock = threading.Lock()
-        self._lock_fd = os.open(private.touch(os.path.join(self.path, ".lock")), os.O_RDWR)
-        self._cache = diskcache.Cache(
-            self.path,
-            disk=_PrivateDisk,
-            eviction_policy="least-recently-used",
-            size_limit=2**62,  # culling is ours (watermarks), never diskcache's own
-            cull_limit=0,
-            disk_min_file_size=0,
-            # Keep the write-ahead log small: it counts against the quota too.
-            sqlite_wal_autocheckpoint=256,
-            sqlite_journal_size_limit=1 << 20,
-        )
-        # A second handle whose reads do not update access times, for lookups that are not uses
-        # of the block (read-ahead hints, short-circuit paths): only get() counts as a use.
-        self._peek = diskcache.Cache(self.path, disk=_PrivateDisk)
-        self._peek.reset("eviction_policy", "least-recently-stored", update=False)
-        for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(os.path.join(self.path, name), private.FILE_MODE)
+        self._cache = self._peek = None  # diskcache handles; None while the directory is unusable
         self.evictions = 0
         self.corrupt = 0
         self.orphans_removed = 0
@@ -117,10 +105,64 @@ class DiskTier:
         self.write_errors = 0
         self.healthy = True
         self._unhealthy_since = 0.0
-        known = {f for (f,) in self._cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL")}
+        self._accessed: dict[str, float] = {}  # key -> time of its last use, not yet in the index
+        self._accessed_lock = threading.Lock()
+        self._flushed = time.monotonic()
+        self.sweeper: threading.Thread | None = None
+        self._open()
+
+    def _open(self) -> bool:
+        """Open (creating it if needed) the directory and its index; True on success. A directory
+        that cannot be used (read-only, not ours, on a failed device) leaves the tier unhealthy
+        with a warning naming the directory and the fix: the dataset still opens and reads come
+        from the UFS (a cache that cannot cache is slower, never an error)."""
+        try:
+            private.makedirs(self.path)
+            lock_fd = os.open(private.touch(os.path.join(self.path, ".lock")), os.O_RDWR)
+        except OSError as err:
+            return self._cannot_open(err)
+        try:
+            cache = diskcache.Cache(
+                self.path,
+                disk=_PrivateDisk,
+                eviction_policy="least-recently-used",
+                size_limit=2**62,  # culling is ours (watermarks), never diskcache's own
+                cull_limit=0,
+                disk_min_file_size=0,
+                # Keep the write-ahead log small: it counts against the quota too.
+                sqlite_wal_autocheckpoint=256,
+                sqlite_journal_size_limit=1 << 20,
+            )
+        except (OSError, sqlite3.Error) as err:
+            os.close(lock_fd)
+            return self._cannot_open(err)
+        # A second handle whose reads do not update access times, for lookups that are not uses
+        # of the block (read-ahead hints, short-circuit paths): only get() counts as a use.
+        self._peek = diskcache.Cache(self.path, disk=_PrivateDisk)
+        self._peek.reset("eviction_policy", "least-recently-stored", update=False)
+        for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(os.path.join(self.path, name), private.FILE_MODE)
+        self._lock_fd, self._cache = lock_fd, cache
+        known = {f for (f,) in cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL")}
         self.sweeper = threading.Thread(target=self._sweep_orphans, args=(known,), daemon=True,
                                         name="datacache-orphan-sweep")
         self.sweeper.start()
+        if not self.healthy:
+            log.warning("cache tier %s (%s) is usable again", self.path, self.medium)
+            self.healthy = True
+        return True
+
+    def _cannot_open(self, err: BaseException) -> bool:
+        if self.healthy:
+            log.warning("cache tier %s (%s) cannot be used, reads go to the UFS uncached: %s (fix: make %s "
+                        "writable by uid %d, or set the CacheRuntime's tieredstore.levels[].path to a writable "
+                        "directory; tried again every %g s)", self.path, self.medium, err, self.path,
+                        os.geteuid(), RECHECK_S)
+        self.healthy = False
+        self.write_errors += 1
+        self._unhealthy_since = time.monotonic()
+        return False
 
     @contextlib.contextmanager
     def _exclusive(self):
@@ -133,6 +175,8 @@ class DiskTier:
 
     def used(self) -> int:
         """Bytes on disk under the directory: blocks, index database and its write-ahead log."""
+        if self._cache is None:
+            return 0
         wal = os.path.join(self.path, "cache.db-wal")
         try:
             wal_size = os.path.getsize(wal)
@@ -141,26 +185,27 @@ class DiskTier:
         return self._cache.volume() + wal_size
 
     def __contains__(self, key: str) -> bool:
-        return key in self._cache
+        return self._cache is not None and key in self._cache
 
-    def get(self, key: str) -> memoryview | None:
-        """The block's bytes (a memoryview over one buffer: callers slice out what they need
-        without another copy), or None when absent or corrupt (a corrupt or truncated block is
-        deleted). Marks the block recently used."""
+    def get(self, key: str) -> bytes | None:
+        """The block's bytes, or None when absent or corrupt (a corrupt or truncated block is
+        deleted). Marks the block recently used (written by :meth:`flush_accesses`)."""
+        if self._cache is None:
+            return None
         try:
-            try:
-                handle, tag = self._cache.get(key, read=True, tag=True)
-            except (OSError, sqlite3.Error) as err:
-                if not _is_full(err):
-                    raise
-                # A full device cannot record the access time; the block is still there to read.
-                handle, tag = self._peek.get(key, read=True, tag=True)
-            if handle is None:
+            row = self._row(key)
+            if row is None:
                 return None
-            with handle:
-                buf = bytearray(os.fstat(handle.fileno()).st_size)
-                data = memoryview(buf)[:handle.readinto(buf)]
-            if checksum(data) != tag:
+            try:
+                with open(row[0], "rb", buffering=0) as f:
+                    data = f.read()  # sized by fstat, one copy: no Python-level buffer
+            except FileNotFoundError:
+                # Evicted since the SELECT (its row is gone then), or the file was lost: drop the
+                # row, else the refill's put would find the key and never write the file again.
+                self._cache.delete(key)
+                return None
+            self._note_access(key)
+            if checksum(data) != row[1]:
                 self.corrupt += 1
                 log.warning("cache tier %s: block %s failed its checksum: dropped, refetched", self.path, key)
                 self._cache.delete(key)
@@ -170,13 +215,47 @@ class DiskTier:
             self._mark_unhealthy(err)
             return None
 
+    def _note_access(self, key: str) -> None:
+        """Remember a use of ``key`` for LRU; written with the others at most every
+        ``ACCESS_FLUSH_S`` seconds (and before any eviction), not one transaction per read."""
+        with self._accessed_lock:
+            self._accessed[key] = time.time()
+        if time.monotonic() - self._flushed >= ACCESS_FLUSH_S:
+            self.flush_accesses()
+
+    def flush_accesses(self) -> int:
+        """Write the access times of the blocks used since the last call, in one transaction, to
+        diskcache's LRU column (the order :meth:`_evict_to` follows; other processes sharing the
+        directory see them at most ``ACCESS_FLUSH_S`` late). Returns how many blocks were marked.
+        A full device cannot take them: they are dropped (the blocks are only older for LRU)."""
+        with self._accessed_lock:
+            accessed, self._accessed = self._accessed, {}
+            self._flushed = time.monotonic()
+        if accessed:
+            try:
+                with self._cache.transact():
+                    self._cache._con.executemany("UPDATE Cache SET access_time = ? WHERE key = ? AND raw = 1",
+                                                 [(t, k) for k, t in accessed.items()])
+            except (OSError, sqlite3.Error) as err:
+                if not _is_full(err):
+                    raise
+        return len(accessed)
+
+    def _row(self, key: str) -> tuple[str, str] | None:
+        """``(path of the block file, its xxh3 checksum)`` from the index, or None when absent.
+
+        One indexed SELECT, no transaction, on the handle that never writes: diskcache's own
+        ``get`` costs ~25 µs more per block (and, under its LRU policy, a write transaction).
+        Blocks are always files (``disk_min_file_size=0``); ``raw = 1`` is how diskcache stores
+        str keys."""
+        row = self._peek._con.execute(_SELECT_BLOCK, (key,)).fetchone()
+        return None if row is None else (os.path.join(self.path, row[0]), row[1])
+
     def block_file(self, key: str) -> str | None:
-        """Path of the block's file (for short-circuit reads and sendfile), or None."""
-        handle = self._peek.get(key, read=True)
-        if handle is None:
-            return None
-        handle.close()
-        return handle.name
+        """Path of the block's file (for short-circuit reads and sendfile), or None. The file
+        may be evicted right after: callers opening it handle ``FileNotFoundError``."""
+        row = self._row(key) if self._peek is not None else None
+        return row[0] if row is not None else None
 
     def advise(self, key: str) -> bool:
         """True when the block is stored; its file is then read ahead asynchronously by the kernel
@@ -251,8 +330,13 @@ class DiskTier:
                         self.orphans_removed += 1
 
     def _usable(self) -> bool:
-        """False while unhealthy; an unhealthy tier is tried again after ``RECHECK_S`` seconds."""
-        return self.healthy or time.monotonic() - self._unhealthy_since > RECHECK_S
+        """False while unhealthy; an unhealthy tier is tried again after ``RECHECK_S`` seconds
+        (a directory that could not be opened is opened again then)."""
+        if self.healthy:
+            return True
+        if time.monotonic() - self._unhealthy_since <= RECHECK_S:
+            return False
+        return self._cache is not None or self._open()
 
     def _mark_unhealthy(self, err: BaseException) -> None:
         if self.healthy:
@@ -266,6 +350,7 @@ class DiskTier:
 
         Not ``diskcache.Cache.cull``: it deletes 10 rows per round, so with large blocks it went
         far below the low watermark (up to 9 blocks too many) and threw away cached data."""
+        self.flush_accesses()  # this process's recent uses count
         excess = self.used() - target
         if excess <= 0:
             return
@@ -282,6 +367,8 @@ class DiskTier:
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every block whose key starts with ``prefix``; returns how many."""
+        if self._cache is None:
+            return 0
         doomed = [k for k in self._cache.iterkeys() if isinstance(k, str) and k.startswith(prefix)]
         for k in doomed:
             self._cache.delete(k)
@@ -289,9 +376,15 @@ class DiskTier:
 
     def keys(self):
         """Iterate over stored block keys."""
+        if self._cache is None:
+            return iter(())
         return (k for k in self._cache.iterkeys() if isinstance(k, str))
 
     def close(self) -> None:
+        if self._cache is None:
+            return
+        with contextlib.suppress(OSError, sqlite3.Error):  # a failing device loses only LRU order
+            self.flush_accesses()
         self._peek.close()
         self._cache.close()
         os.close(self._lock_fd)

@@ -84,9 +84,9 @@ class LocalBlockSource:
             stored = 0
             for i in missing:
                 b0, b1 = block_range(i, entry.size, self.block_size)
+                full_before = _full_bypasses(self.store)
                 if not self.store.put(str(self.key(entry, i)), data[b0 - start:b1 - start]):
-                    raise OSError(errno.ENOSPC, f"a block of {b1 - b0} bytes does not fit in the cache "
-                                                "quota: raise tieredstore.levels[].quota", entry.path)
+                    raise OSError(errno.ENOSPC, _not_kept(self.store, b1 - b0, full_before), entry.path)
                 stored += b1 - b0
             return stored
         finally:
@@ -137,7 +137,7 @@ class LocalBlockSource:
         return self.stats.get(self.dataset) if self.stats is not None else (0, 0)
 
     def usage(self) -> tuple[int, int]:
-        """``(used, capacity)`` bytes of the store's largest level."""
+        """``(used, capacity)`` bytes of the store's level blocks are written to (its first disk level)."""
         return self.store.used(), self.store.capacity
 
     def close(self) -> None:
@@ -152,3 +152,20 @@ def _done(value) -> Future:
     fut: Future = Future()
     fut.set_result(value)
     return fut
+
+
+def _full_bypasses(store) -> int:
+    return sum(getattr(level, "full_bypasses", 0) for level in store.levels)
+
+
+def _not_kept(store, size: int, full_before: int) -> str:
+    """Why ``store`` (a TieredStore) just refused a block of ``size`` bytes: a level that is
+    unhealthy (a write error), a device that filled before the quota (``full_bypasses`` grew past
+    ``full_before``), else the quota itself."""
+    for level in store.levels:
+        if not getattr(level, "healthy", True):
+            return (f"the cache tier {level.path} ({level.medium}) is unhealthy after a write error "
+                    "(see the log): fix the device; writes are tried again after a while")
+    if _full_bypasses(store) > full_before:
+        return "the cache device is full (before the quota): free space on it or lower tieredstore.levels[].quota"
+    return f"a block of {size} bytes does not fit in the cache quota: raise tieredstore.levels[].quota"

@@ -2,7 +2,8 @@
 
 Counted in memory and added to a small diskcache (no eviction) at most once a second and on close,
 so the read path pays no database write per block. ``cacheHitRatio`` = hits / (hits + misses),
-counted per block requested by readers (read-ahead is not counted), as Fluid reports it.
+counted per block requested by readers (read-ahead is not counted), as Fluid reports it. Hits served
+by a cache worker on another node are also counted apart (``remote``), for ``remoteHitRatio``.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ class HitStats:
         self._flush_every = flush_every
         self._last = time.monotonic()
 
-    def count(self, dataset: str, hit: bool) -> None:
+    def count(self, dataset: str, hit: bool, remote: bool = False) -> None:
+        """Count one block read: a hit (``remote``: served by a worker on another node) or a miss."""
         with self._lock:
             self._pending[(dataset, "hits" if hit else "misses")] += 1
+            if hit and remote:
+                self._pending[(dataset, "remote")] += 1
         if time.monotonic() - self._last > self._flush_every:
             self.flush()
 
@@ -48,9 +52,14 @@ class HitStats:
         self.flush()
         return self._db.get(f"{dataset}/hits", 0), self._db.get(f"{dataset}/misses", 0)
 
+    def remote_hits(self, dataset: str) -> int:
+        """Hits (counted in ``get``'s hits too) served by a cache worker on another node."""
+        self.flush()
+        return self._db.get(f"{dataset}/remote", 0)
+
     def reset(self, dataset: str) -> None:
         self.flush()
-        for name in ("hits", "misses"):
+        for name in ("hits", "misses", "remote"):
             self._db.delete(f"{dataset}/{name}")
 
     def close(self) -> None:

@@ -52,8 +52,7 @@ class TieredStore:
         self._lock = threading.Lock()
 
     def get(self, key: str) -> bytes | memoryview | None:
-        """The block's bytes (a memoryview when read from disk) from the fastest level holding
-        it, or None."""
+        """The block's bytes from the fastest level holding it, or None."""
         if self._mem is not None:
             data = self._mem.get(key)
             if data is not None:
@@ -61,7 +60,6 @@ class TieredStore:
         if self._disk is not None:
             data = self._disk.get(key)
             if data is not None and self._mem is not None and self._second_access(key):
-                data = bytes(data)
                 self._mem.put(key, data)
             return data
         return None
@@ -100,12 +98,17 @@ class TieredStore:
 
     @property
     def capacity(self) -> int:
-        """Bytes the store can hold: the largest level's quota (MEM caches what SSD holds)."""
-        return max(lv.quota for lv in self.levels)
+        """Bytes the store can hold: the quota of the level blocks are written to (the first disk
+        level; MEM only when it is alone). MEM holds copies of hot disk blocks, so it adds none."""
+        return self._home.quota
 
     def used(self) -> int:
-        """Bytes held by the largest level."""
-        return max(self.levels, key=lambda lv: lv.quota).used()
+        """Bytes held by the level blocks are written to (see :attr:`capacity`)."""
+        return self._home.used()
+
+    @property
+    def _home(self) -> MemoryTier | DiskTier:
+        return self._disk if self._disk is not None else self._mem
 
     def usage(self) -> list[LevelUsage]:
         """Per-level quota and use."""

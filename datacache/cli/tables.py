@@ -50,9 +50,13 @@ COLUMNS = {
         ("PHASE", lambda d: _st(d, "phase")),
         ("DURATION", lambda d: _st(d, "duration")),
         ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
+        ("POLICY", lambda d: d["spec"].get("policy", "Once")),
+        ("SCHEDULE", lambda d: d["spec"].get("schedule") or ""),
+        ("LAST SCHEDULE", lambda d: age(_st(d, "lastScheduleTime") or None)),
+        ("TARGETS (LOADED/TOTAL)", lambda d: _targets(d)),
     ],
 }
-WIDE_FROM = {"Dataset": 7, "CacheRuntime": 7}
+WIDE_FROM = {"Dataset": 7, "CacheRuntime": 7, "DataLoad": 5}
 
 
 def _st(doc: dict, key: str) -> str:
@@ -72,6 +76,15 @@ def _workers(doc: dict) -> str:
         label = "-".join(short)
         parts.append(f"{label}={format_bytes(w.get('used', 0))}/{format_bytes(w.get('capacity', 0))}"
                      if w.get("ready") else f"{label}=down")
+    return ",".join(parts)
+
+
+def _targets(doc: dict) -> str:
+    """Per target: ``path=done/total`` bytes, loaded so far while Executing, cached once done."""
+    parts = []
+    for t in (doc.get("status") or {}).get("targets") or []:
+        done = t.get("bytesDone", t.get("cachedBytes", 0))
+        parts.append(f"{t.get('path')}={format_bytes(done)}/{format_bytes(t.get('bytes', 0))}")
     return ",".join(parts)
 
 

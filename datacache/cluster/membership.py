@@ -91,6 +91,17 @@ class Membership(StateStore):
 
 
 
+def external() -> bool:
+    """Whether an orchestrator runs the workers and DNS lists them (``DATACACHE_MEMBERSHIP=dns``,
+    set by the operator in every pod) rather than this machine's embedded plane (``embedded``, the
+    default). Raises ``ConfigError`` naming the variable when it is neither."""
+    kind = os.environ.get("DATACACHE_MEMBERSHIP", "embedded")
+    if kind not in ("embedded", "dns"):
+        raise ConfigError("environment", [("DATACACHE_MEMBERSHIP", f"{kind!r} is not a membership kind "
+                                                                   "(set embedded or dns)")])
+    return kind == "dns"
+
+
 def open_membership(home: str):
     """Where clients and workers find the live workers: ``Membership(home)`` (embedded, the
     default) or, with ``DATACACHE_MEMBERSHIP=dns`` (set by the operator in every pod), a
@@ -98,12 +109,8 @@ def open_membership(home: str):
     ``/etc/resolv.conf``) for names under ``DATACACHE_CLUSTER_DOMAIN`` (default ``cluster.local``).
     Both offer ``live(namespace, runtime) -> list[Member]`` and ``close()``. Raises ``ConfigError``
     naming the variable when ``DATACACHE_MEMBERSHIP`` is neither ``embedded`` nor ``dns``."""
-    kind = os.environ.get("DATACACHE_MEMBERSHIP", "embedded")
-    if kind == "embedded":
+    if not external():
         return Membership(home)
-    if kind != "dns":
-        raise ConfigError("environment", [("DATACACHE_MEMBERSHIP", f"{kind!r} is not a membership kind "
-                                                                   "(set embedded or dns)")])
     from datacache.cluster.discovery import DnsMembership  # dnspython: only needed on Kubernetes
 
     return DnsMembership(os.environ.get("DATACACHE_DNS_NAMESERVER") or None,

@@ -31,9 +31,11 @@ class _StoreCollector:
             cap.add_metric([level.medium], level.quota)
         yield used
         yield cap
-        yield GaugeMetricFamily("datacache_worker_used_bytes", "Bytes held by the largest level", value=store.used())
-        yield GaugeMetricFamily("datacache_worker_total_capacity_bytes", "Quota of the largest level",
-                                value=store.capacity)
+        yield GaugeMetricFamily("datacache_worker_used_bytes",
+                                "Bytes held by the level blocks are written to (first disk level)",
+                                value=store.used())
+        yield GaugeMetricFamily("datacache_worker_total_capacity_bytes",
+                                "Quota of the level blocks are written to (first disk level)", value=store.capacity)
         yield CounterMetricFamily("datacache_worker_evictions", "Blocks evicted by the watermarks",
                                   value=sum(getattr(lv, "evictions", 0) for lv in store.levels))
         yield CounterMetricFamily("datacache_worker_corrupt_blocks", "Blocks dropped for a bad checksum (refetched)",

@@ -27,7 +27,7 @@ class ReadAhead:
         self._lock = threading.Lock()
 
     def start(self, key: str, nbytes: int, fetch, *args) -> None:
-        """Run ``fetch(*args)`` (returning ``(bytes, hit)``) for ``key`` unless already started or
+        """Run ``fetch(*args)`` (returning a tuple, bytes first) for ``key`` unless already started or
         the budget cannot hold ``nbytes`` more."""
         with self._lock:
             if key in self._pending or not self.budget.acquire(nbytes, blocking=False):
@@ -37,15 +37,15 @@ class ReadAhead:
             self._pending[key] = (self._pool.submit(fetch, *args), nbytes)
 
     def take(self, key: str):
-        """The fetched bytes of ``key`` (waiting for them if still in flight), or None when it was
-        not started or failed (the caller then reads it itself and meets the error there)."""
+        """What the fetch of ``key`` returned (waiting for it if still in flight), or None when it
+        was not started or failed (the caller then reads it itself and meets the error there)."""
         with self._lock:
             found = self._pending.pop(key, None)
         if found is None:
             return None
         fut, nbytes = found
         try:
-            return fut.result()[0]
+            return fut.result()
         except Exception:
             return None
         finally:

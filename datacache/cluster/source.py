@@ -91,12 +91,9 @@ class ClusterBlockSource:
         FileNotFoundError / StaleFileError / UFSUnavailableError as the UFS does, never a
         worker's failure."""
         key = str(self.key(entry, index))
-        data = self._ahead.take(key)
-        hit = data is not None
-        if data is None:
-            data, hit = self._fetch(entry, index, key)
+        data, hit, remote = self._ahead.take(key) or self._fetch(entry, index, key)
         if self.stats is not None:
-            self.stats.count(self.dataset, hit)
+            self.stats.count(self.dataset, hit, remote)
         return data
 
     def prefetch(self, entry: FileEntry, index: int) -> None:
@@ -147,7 +144,7 @@ class ClusterBlockSource:
         return known[1][index]
 
     def usage(self) -> tuple[int, int]:
-        """``(used, capacity)`` bytes summed over the live workers' largest levels."""
+        """``(used, capacity)`` bytes summed over the live workers' first disk levels."""
         used = capacity = 0
         for sample in self.worker_metrics().values():
             used += int(sample.get("datacache_worker_used_bytes", 0))
@@ -197,13 +194,14 @@ class ClusterBlockSource:
     def _file_id(self, entry: FileEntry) -> str:
         return file_id(entry.mount, entry.ufs_path, entry.version, self.block_size)
 
-    def _fetch(self, entry: FileEntry, index: int, key: str) -> tuple[bytes, bool]:
-        """The read path of the module docstring; ``(bytes, hit)``."""
+    def _fetch(self, entry: FileEntry, index: int, key: str) -> tuple[bytes, bool, bool]:
+        """The read path of the module docstring; ``(bytes, hit, remote)``, ``remote``: served by a
+        worker on another node (``remoteHitRatio``; short-circuit and same-node hits are local)."""
         for member in self.router.candidates(key)[:self.tries]:
             tier = self.router.local_tier(member)
             data = tier.get(key) if tier is not None else None
             if data is not None:
-                return data, True
+                return data, True, False
             try:
                 data, hit = self._get_from(member, entry, index)
             except WorkerUnavailable:
@@ -216,8 +214,8 @@ class ClusterBlockSource:
                 self._forget(entry)
                 with self._lock:
                     self._remote_ufs_bytes += len(data)
-            return data, hit
-        return self._direct.get(entry, index), False
+            return data, hit, member.node != self.router.node
+        return self._direct.get(entry, index), False, False
 
     def _get_from(self, member: Member, entry: FileEntry, index: int) -> tuple[bytes, bool]:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datacache.cluster.client import LoopThread, WorkerClient
 from datacache.cluster.membership import open_membership
+from datacache.control import workerset
 
 
 def observe_workers(home: str, runtime) -> list[dict]:
@@ -31,7 +32,7 @@ def observe_workers(home: str, runtime) -> list[dict]:
     finally:
         io.close()
     workers = []
-    for i in sorted(set(range(runtime.spec.replicas)) | set(found)):
+    for i in sorted(set(workerset.desired(home, ns, name, runtime.spec.replicas)) | set(found)):
         sample = answers.get(i)
         member = found.get(i)
         ok = isinstance(sample, dict)

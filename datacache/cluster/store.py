@@ -13,21 +13,14 @@ writes the access times of the blocks served in one transaction per ``ACCESS_FLU
 from __future__ import annotations
 
 import os
-import threading
-import time
 
-from datacache.cache.disk import DiskTier
+from datacache.cache.disk import ACCESS_FLUSH_S, DiskTier
 
-ACCESS_FLUSH_S = 1.0
+__all__ = ["ACCESS_FLUSH_S", "ServingDiskTier", "worker_dir"]
 
 
 class ServingDiskTier(DiskTier):
-    """DiskTier plus :meth:`open_block`, :meth:`flush_accesses` and :meth:`discard`."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._accessed: set[str] = set()  # keys served since the last flush_accesses
-        self._accessed_lock = threading.Lock()
+    """DiskTier plus :meth:`open_block` and :meth:`discard`."""
 
     def open_block(self, key: str) -> tuple[str, str] | None:
         """``(path of the block file, xxh3 checksum)`` of a stored block, or None when absent.
@@ -36,29 +29,19 @@ class ServingDiskTier(DiskTier):
         by the next :meth:`flush_accesses`. The file may still be evicted right after; callers
         that open it later must handle ``FileNotFoundError``.
         """
+        if self._peek is None:  # the directory could not be opened: nothing stored
+            return None
         handle, tag = self._peek.get(key, read=True, tag=True)
         if handle is None:
             return None
         handle.close()
-        with self._accessed_lock:
-            self._accessed.add(key)
+        self._note_access(key)
         return handle.name, tag
-
-    def flush_accesses(self) -> int:
-        """Write the access times of the blocks :meth:`open_block` handed out since the last call
-        (one transaction; the LRU order eviction follows is then at most one flush late).
-        Returns how many blocks were marked."""
-        with self._accessed_lock:
-            accessed, self._accessed = self._accessed, set()
-        if accessed:
-            now = time.time()
-            with self._cache.transact():  # diskcache's own LRU column, as DiskTier's eviction reads it
-                self._cache._con.executemany("UPDATE Cache SET access_time = ? WHERE key = ? AND raw = 1",
-                                             [(now, k) for k in accessed])
-        return len(accessed)
 
     def discard(self, key: str) -> None:
         """Drop one block (handed off to its owner); no error when it is already gone."""
+        if self._cache is None:
+            return
         with self._exclusive():
             self._cache.delete(key)
 

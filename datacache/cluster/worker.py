@@ -391,7 +391,8 @@ async def _every(seconds: float, fn) -> None:
 
 def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0.1", port: int = 0,
           advertise: str | None = None, exit_with_parent: bool = False) -> None:
-    """Run worker ``index`` of CacheRuntime ``namespace/name`` until SIGTERM/SIGINT.
+    """Run worker ``index`` of the CacheRuntime (or ThinRuntime, whose UFS its profile's plugin or
+    FUSE command opens) ``namespace/name`` until SIGTERM/SIGINT.
 
     Its cache lives in ``<level path>/<ns>/<name>/worker-<index>``; it listens on ``host:port``
     (0: any free port) and registers ``http://<advertise or host>:<port>`` with a heartbeat.
@@ -399,18 +400,17 @@ def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0
     the port or cache directory cannot be used.
     """
     from datacache.control.embedded import Embedded
-    from datacache.ufs.mounts import UnionNamespace
 
     plane = Embedded(home)
-    runtime = plane.get("CacheRuntime", name, namespace)
     dataset = plane.get("Dataset", name, namespace)
+    runtime = plane.runtime_for(dataset) or plane.get("CacheRuntime", name, namespace)  # a ThinRuntime too
     worker_id = f"worker-{index}"
     token = auth.load_token(plane.home, namespace, name)
     store = plane.store_for(runtime, worker_id, ServingDiskTier)
     router = Router(open_membership(plane.home), namespace, name, short_circuit=False, strict=False)
     peers = Peers(worker_id, router,
                   WorkerClient(token, name, runtime.spec.block_size_bytes, read_timeout=PEER_TIMEOUT_S))
-    worker = Worker(name, runtime.spec.block_size_bytes, store, UnionNamespace(dataset, plane.home), token, worker_id,
+    worker = Worker(name, runtime.spec.block_size_bytes, store, plane.ufs_for(dataset, runtime), token, worker_id,
                     peers=peers)
     members = Membership(plane.home)
     plane.close()

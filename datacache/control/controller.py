@@ -11,7 +11,7 @@ Every ``interval`` seconds one :meth:`Controller.tick`:
 
 One resource's failure is logged and does not stop the others. Work runs in the tick's thread, one
 item at a time: a long DataLoad delays the next tick, it never runs twice at once. Scale-in stops
-the highest-numbered workers (the supervisor's rule); the decision's least-hot victims are logged.
+the workers the decision names (the least hot ones, see :mod:`.workerset`).
 The time of the last scaling is kept in the runtime's ``status.lastScaleTime``, so a cooldown
 survives a restart of the controller; how long the use has been low is kept in memory only.
 """
@@ -110,12 +110,12 @@ class Controller:
                                     below_since=self._low_since[(ns, name)])
         if decision.replicas == current:
             return ""
-        line = self.plane.scale(name, decision.replicas, ns)
+        line = self.plane.scale(name, decision.replicas, ns, decision.remove)
         status = self.plane.refresh_status("CacheRuntime", name, ns)
         status["lastScaleTime"] = iso(now)  # kept by later refreshes: cooldowns survive restarts
         self.plane.state.set_status("CacheRuntime", name, ns, status)
         self._low_since.pop((ns, name), None)
-        victims = f" (least hot: {', '.join(decision.remove)})" if decision.remove else ""
+        victims = f" (stopped the least hot: {', '.join(decision.remove)})" if decision.remove else ""
         return f"{line}: {decision.reason}{victims}"
 
     def metrics(self, runtime) -> list[autoscale.WorkerMetrics]:

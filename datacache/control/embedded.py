@@ -31,7 +31,7 @@ from datacache.cache.tiered import TieredStore
 from datacache.client import DatasetClient
 from datacache.cluster import source as cluster_source
 from datacache.cluster.status import observe_workers
-from datacache.control import dataloads, observe, reconcile, supervisor
+from datacache.control import dataloads, observe, reconcile, supervisor, syncmark, workerset
 from datacache.control.mounts import fuse_mounts_of, lazy_unmount
 from datacache.control.state import StateStore, default_home, now_iso
 from datacache.control.sync import sync_manifest
@@ -80,10 +80,18 @@ class Embedded:
                 self.sync(res.metadata.name, res.metadata.namespace)  # (re)starts it, re-lists through it
         return lines
 
-    def scale(self, name: str, replicas: int, namespace: str = "default") -> str:
+    def scale(self, name: str, replicas: int, namespace: str = "default", remove: tuple[str, ...] = ()) -> str:
         """Set a CacheRuntime's ``replicas`` and wait for its workers (``datacache scale``);
-        returns ``cacheruntime.datacache.io/NAME scaled`` plus a note when not all are ready."""
+        ``remove``: on scale-in, the workers to stop (``worker-<i>`` or ``<name>-worker-<i>``; by
+        default the highest indexes), see :mod:`.workerset`. Returns
+        ``cacheruntime.datacache.io/NAME scaled`` plus a note when not all are ready. Raises
+        ``ValueError`` for a name in ``remove`` that is not a worker's."""
         runtime = self.get("CacheRuntime", name, namespace)
+        current = workerset.read(self.home, namespace, name)
+        if current is None and supervisor.distributed(runtime):
+            current = list(range(runtime.spec.replicas))
+        workerset.write(self.home, namespace, name,
+                        workerset.plan(replicas, current, [workerset.index_of(w) for w in remove]))
         runtime.spec.replicas = replicas
         line = self.apply([runtime])[0]
         return line.replace(" configured", " scaled").replace(" unchanged", " scaled")
@@ -106,7 +114,8 @@ class Embedded:
 
     def delete(self, kind: str, name: str, namespace: str = "default", force: bool = False) -> str:
         """Delete a resource. Deleting a Dataset also removes its cached blocks (in-process and on
-        every worker, running or not), hit counters, manifests and DataLoads. Raises ResourceError
+        every worker, running or not), hit counters, manifests and DataLoads; deleting a runtime
+        stops its workers and removes its cache directories. Raises ResourceError
         while a FUSE mount of the dataset exists, unless ``force`` (then it is lazily unmounted)."""
         res = self.get(kind, name, namespace)
         if kind == "Dataset":
@@ -124,8 +133,11 @@ class Embedded:
                     self.state.delete("DataLoad", doc["metadata"]["name"], namespace)
         elif kind == "CacheRuntime":
             supervisor.stop(self.home, namespace, name)
+            workerset.forget(self.home, namespace, name)
+            self._drop_cache_dirs(res)
         elif kind == "ThinRuntime":
             stop_runtime(res, self.home)
+            self._drop_cache_dirs(res)
         self.state.delete(kind, name, namespace)
         return f"{kind.lower()}.datacache.io/{name} deleted"
 
@@ -136,6 +148,13 @@ class Embedded:
                                 f"(datacache unmount {mounted[0]}) or delete with --force")
         for path in mounted:
             lazy_unmount(path)
+
+    def _drop_cache_dirs(self, runtime) -> None:
+        """Remove every disk level's ``<level path>/<ns>/<name>`` of ``runtime`` (in-process and
+        ``worker-<i>`` caches): its blocks go with it, as a Fluid runtime's cache does."""
+        for level in runtime.spec.tieredstore.levels:
+            if level.path is not None:
+                shutil.rmtree(self._level_dir(runtime, level), ignore_errors=True)
 
     def _drop_blocks(self, runtime, dataset: str) -> None:
         """Delete ``dataset``'s blocks from live workers (their MEM levels too) and from every
@@ -193,12 +212,23 @@ class Embedded:
 
     def sync(self, name: str, namespace: str = "default", on_progress=None) -> ManifestDiff:
         """Metadata sync: list every mount (streamed, bounded memory: see :mod:`.sync`), store a new
-        manifest, return the diff to the old one; ``on_progress(files_listed)`` reports progress."""
+        manifest, return the diff to the old one; ``on_progress(files_listed)`` reports progress.
+        While it runs the Dataset's phase is Updating (for every process, see :mod:`.syncmark`);
+        a failed sync keeps the old manifest, sets phase Failed with the reason and re-raises
+        (``ResourceError``/``UFSUnavailableError`` from the listing, ``OSError``)."""
         ds = self.get("Dataset", name, namespace)
-        ufs = self.ufs_for(ds)
-        private.makedirs(self._dataset_dir(ds))
-        diff = sync_manifest(ufs.list_files(), self._manifest_path(ds), on_progress)
-        self.refresh_status("Dataset", name, namespace)
+        directory = private.makedirs(self._dataset_dir(ds))
+        try:
+            with syncmark.running(directory):
+                self.refresh_status("Dataset", name, namespace)  # Updating
+                try:
+                    diff = sync_manifest(self.ufs_for(ds).list_files(), self._manifest_path(ds), on_progress)
+                except (DatacacheError, OSError) as err:
+                    syncmark.record_failure(directory, f"metadata sync failed: {err}")
+                    raise
+                syncmark.clear_failure(directory)
+        finally:
+            self.refresh_status("Dataset", name, namespace)  # Bound, or Failed saying why
         self.run_on_event(ds, diff)
         return diff
 
@@ -222,13 +252,14 @@ class Embedded:
         source = self._source(runtime, ufs)
         return DatasetClient(name, manifest, source, ufs, lambda m: m.save(self._manifest_path(ds)),
                              readahead=runtime.spec.fuse.read_ahead_blocks, load_manifest=lambda: self.load_manifest(ds),
-                             manifest_path=self._manifest_path(ds))
+                             manifest_path=self._manifest_path(ds),
+                             manifest_lock=lambda: syncmark.manifest_write(self._dataset_dir(ds)))
 
     def run_dataload(self, dataload: DataLoad, on_progress=None, cancel: threading.Event | None = None,
                      sync_first: bool = True):
         """Run a DataLoad now; returns the ``WarmupResult``. Its status goes Executing (with live
-        ``progress``, written at most once a second) → Complete | Failed (C13: Complete means every
-        target's current version is 100 % cached); ``lastSuccessfulTime`` survives failed runs.
+        ``progress`` and per-target ``targets[].bytesDone``, written at most once a second) →
+        Complete | Failed (C13: Complete means every target's current version is 100 % cached); ``lastSuccessfulTime`` survives failed runs.
         ``cancel`` set (Ctrl-C, SIGTERM) stops it: loaded blocks stay, status Failed/Cancelled.
         Errors opening the dataset are raised after the status says Failed, and why."""
         meta = dataload.metadata
@@ -246,7 +277,10 @@ class Embedded:
                 self.state.set_status("DataLoad", meta.name, meta.namespace, {
                     "phase": "Executing", "lastScheduleTime": started, **kept, "progress": {
                         "filesDone": p.files_done, "filesTotal": p.files_total,
-                        "bytesDone": p.bytes_done, "bytesTotal": p.bytes_total}})
+                        "bytesDone": p.bytes_done, "bytesTotal": p.bytes_total},
+                    "targets": [{"path": t.path, "files": t.files_total, "bytes": t.bytes_total,
+                                 "filesDone": t.files_done, "bytesDone": t.bytes_done, "phase": "Executing"}
+                                for t in p.targets]})
             if on_progress is not None:
                 on_progress(p)
 
@@ -320,7 +354,9 @@ class Embedded:
         :mod:`.observe`); opens no UFS, so it needs no credentials."""
         runtime = self.runtime_for(ds)
         manifest = self.load_manifest(ds)
+        directory = self._dataset_dir(ds)
         known = dict(bound=runtime is not None, synced=manifest is not None,
+                     updating=syncmark.is_running(directory), sync_error=syncmark.last_failure(directory),
                      file_num=manifest.file_num if manifest else 0,
                      ufs_total=manifest.total_size if manifest else 0)
         if runtime is None or manifest is None:
@@ -340,17 +376,21 @@ class Embedded:
         stats = self._stats(runtime)
         try:
             hits, misses = stats.get(name)
+            remote = stats.remote_hits(name)
         finally:
             stats.close()
         return reconcile.DatasetObservation(
             **known, cached=observe.cached_bytes(manifest, held, name, runtime.spec.block_size_bytes),
-            capacity=capacity, hits=hits, misses=misses, local=not supervisor.distributed(runtime))
+            capacity=capacity, hits=hits, misses=misses, remote_hits=remote)
 
     def _stores(self, runtime):
         """The stores holding ``runtime``'s blocks now: its in-process store, or each ready
-        worker's own store (a worker that does not answer serves nothing, so its blocks do not count)."""
+        worker's own store (a worker that does not answer serves nothing, so its blocks do not count).
+        External workers' stores are on their own pods' disks, not here: none."""
         if not supervisor.distributed(runtime):
             yield self.store_for(runtime)
+            return
+        if supervisor.external_workers():
             return
         for w in observe_workers(self.home, runtime):
             if w["ready"]:
@@ -396,8 +436,9 @@ class Embedded:
         return ""
 
     def _source(self, runtime: CacheRuntime, ufs):
-        """The block source: in-process (replicas 0/1), or the runtime's workers (replicas >= 2),
-        starting their supervisor again if it is not running (after a reboot, say)."""
+        """The block source: in-process, or the runtime's workers (``supervisor.distributed``:
+        replicas >= 2, or >= 1 when an orchestrator runs them), starting their supervisor again if
+        it is not running (after a reboot, say; never for external workers)."""
         if not supervisor.distributed(runtime):
             return LocalBlockSource(runtime.metadata.name, self.store_for(runtime), ufs,
                                     runtime.spec.block_size_bytes, self._budget, self._stats(runtime))

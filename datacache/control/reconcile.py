@@ -17,8 +17,10 @@ from datacache.control.state import now_iso
 class DatasetObservation:
     """What is true of a dataset now: manifest totals (``file_num``, ``ufs_total`` bytes), bytes of
     its current-version blocks in the cache (``cached``), the cache's ``capacity`` (bytes), block
-    ``hits``/``misses`` of readers, whether a runtime is bound and the manifest exists, and
-    whether the cache is in the reading process (``local``) or in cache workers."""
+    ``hits``/``misses`` of readers (``remote_hits``: those of the hits served by a cache worker on
+    another node), whether a runtime is bound and the manifest exists; ``updating``: a
+    metadata sync runs now; ``sync_error``: why the last sync failed ('' when it did not);
+    ``error``: why the cache cannot be read."""
 
     bound: bool
     synced: bool
@@ -28,8 +30,10 @@ class DatasetObservation:
     capacity: int = 0
     hits: int = 0
     misses: int = 0
-    local: bool = True
+    remote_hits: int = 0
     error: str = ""
+    updating: bool = False
+    sync_error: str = ""
 
 
 def percentage(part: int, whole: int) -> str:
@@ -40,8 +44,12 @@ def percentage(part: int, whole: int) -> str:
 
 def dataset_status(obs: DatasetObservation) -> dict:
     """The Dataset's ``status`` document for observation ``obs``."""
-    if obs.error:
-        phase, cond = "Failed", ("Ready", "False", "SyncFailed", obs.error)
+    if obs.updating:
+        phase, cond = "Updating", ("Ready", "False", "Syncing", "metadata sync running")
+    elif obs.error:
+        phase, cond = "Failed", ("Ready", "False", "CacheUnreadable", obs.error)
+    elif obs.sync_error:  # the old manifest stays in use: its figures below are still true
+        phase, cond = "Failed", ("Ready", "False", "SyncFailed", obs.sync_error)
     elif not obs.bound:
         phase, cond = "NotBound", ("Ready", "False", "NoRuntime", "no CacheRuntime with the dataset's name and namespace")
     elif not obs.synced:
@@ -63,10 +71,9 @@ def dataset_status(obs: DatasetObservation) -> dict:
             # Unknown before the first sync: '-' rather than a number nobody measured.
             "cachedPercentage": percentage(obs.cached, obs.ufs_total) if synced else "-",
             "cacheHitRatio": hit_ratio,
-            # In-process cache: every hit is local. Worker hits are not counted apart yet
-            # (short-circuit vs over the network), so the split is '-' rather than a guess.
-            "localHitRatio": hit_ratio if obs.local else "-",
-            "remoteHitRatio": "0.0%" if obs.local else "-",
+            # Local: in-process cache, short-circuit reads, workers on the reader's node.
+            "localHitRatio": percentage(obs.hits - obs.remote_hits, total),
+            "remoteHitRatio": percentage(obs.remote_hits, total),
         },
     }
 

@@ -6,18 +6,27 @@ node. For a distributed runtime, one *supervisor* daemon per runtime (``datacach
 supervise``) converges, like a Kubernetes controller, on what the state database says:
 
 - every ``poll_s`` it reads the CacheRuntime (and its Dataset) from ``$DATACACHE_HOME/state.db``;
-- it starts worker ``i`` for each ``i < replicas`` that is not running (``datacache worker serve``,
-  cache in ``<level path>/<ns>/<name>/worker-<i>``, port ``spec.worker.port + i`` or any free one),
+- it starts worker ``i`` for each index ``i`` of the runtime's worker set (``replicas`` indexes,
+  see :mod:`.workerset`) that is not running (``datacache worker serve``, cache in
+  ``<level path>/<ns>/<name>/worker-<i>``, port ``spec.worker.port + i`` or any free one),
   restarting crashed ones with a capped backoff, and restarting workers whose spec changed;
-- it stops workers ``i >= replicas`` (scale down), and everything when the runtime is deleted or
-  drops back to one replica, then exits.
+- it stops workers whose index left the set (scale-in stops the workers the control plane named,
+  the least hot ones), and everything when the runtime is deleted or drops back to one replica,
+  then exits.
 
 Scaling out from one replica keeps the cache: before it starts any worker, the supervisor makes the
-in-process cache directory (``<level path>/<ns>/<name>``) worker-0's (each entry renamed into
-``worker-0/``, no byte copied), unless worker-0 already has a cache; the workers' hand-off then
+in-process cache directory (``<level path>/<ns>/<name>``) the first worker's without a cache of its
+own (each entry renamed into ``worker-<i>/``, no byte copied); the workers' hand-off then
 moves each block to its HRW owner, and until then owners find them by read-repair
 (:mod:`datacache.cluster.peers`). A process still reading through the in-process cache when the
-runtime is scaled out should be restarted (the dataset's next open uses the workers).
+runtime is scaled out should be restarted (the dataset's next open uses the workers). Scaling back
+to one replica does the reverse (:func:`return_cache`): one worker's directory (the first of the
+set, or the one the control plane kept) becomes the in-process cache again.
+
+On Kubernetes an orchestrator runs the workers (the operator's StatefulSet or DaemonSet) and DNS
+lists them (``DATACACHE_MEMBERSHIP=dns``, :func:`external_workers`): a runtime with ``replicas`` >= 1
+reads through them, and this module starts, scales and stops nothing there (no supervisor, no pid
+files).
 
 So ``apply`` and ``scale`` only write the desired state and wait for readiness; the daemon and the
 workers survive the CLI that started them (own session, stdin closed, output to
@@ -43,7 +52,9 @@ from dataclasses import dataclass
 
 from datacache import private
 from datacache.cluster.auth import ensure_token, runtime_dir
+from datacache.cluster import membership
 from datacache.cluster.membership import Membership
+from datacache.control import workerset
 
 log = logging.getLogger("datacache.supervisor")
 
@@ -62,9 +73,19 @@ def wait_until(predicate, timeout: float, interval: float = 0.05):
     return value
 
 
+def external_workers() -> bool:
+    """Whether an orchestrator (Kubernetes: the operator's StatefulSet or DaemonSet) runs the
+    workers and DNS lists them (``DATACACHE_MEMBERSHIP=dns``, see
+    :func:`datacache.cluster.membership.external`): then this plane starts and stops none.
+    Raises ``ConfigError`` for an unknown ``DATACACHE_MEMBERSHIP``."""
+    return membership.external()
+
+
 def distributed(runtime) -> bool:
-    """Whether ``runtime`` (a CacheRuntime model) runs as worker processes (``replicas`` >= 2)."""
-    return runtime.spec.replicas >= 2
+    """Whether ``runtime`` (a CacheRuntime model) reads through cache workers: ``replicas`` >= 2 on
+    this machine, or >= 1 when the workers are external (a pod reading from the runtime's worker pods
+    must not cache in its own emptyDir)."""
+    return runtime.spec.replicas >= (1 if external_workers() else 2)
 
 
 # -- pid files ---------------------------------------------------------------------------------------
@@ -135,8 +156,11 @@ def _cli(*args: str) -> list[str]:
 
 # -- what the CLI and the embedded plane call ---------------------------------------------------------
 def ensure_running(home: str, namespace: str, name: str, timeout: float = 15.0) -> bool:
-    """Start the runtime's supervisor daemon unless it runs; True when it had to be started.
-    Raises ``TimeoutError`` when it did not come up within ``timeout`` seconds."""
+    """Start the runtime's supervisor daemon unless it runs (or the workers are external: never);
+    True when it had to be started. Raises ``TimeoutError`` when it did not come up within
+    ``timeout`` seconds."""
+    if external_workers():
+        return False
     rdir, logs = _paths(home, namespace, name)
     pid_path = os.path.join(rdir, "supervisor.pid")
     if read_pid(pid_path) is not None:
@@ -151,8 +175,9 @@ def ensure_running(home: str, namespace: str, name: str, timeout: float = 15.0) 
 
 
 def wait_ready(home: str, namespace: str, name: str, replicas: int, timeout: float = READY_TIMEOUT_S) -> bool:
-    """Wait until exactly workers ``0..replicas-1`` are live; False after ``timeout`` seconds."""
-    want = {f"worker-{i}" for i in range(replicas)}
+    """Wait until exactly the workers of the runtime's worker set (``replicas`` indexes, see
+    :mod:`.workerset`) are live; False after ``timeout`` seconds."""
+    want = {f"worker-{i}" for i in workerset.desired(home, namespace, name, replicas)}
     members = Membership(home)
     try:
         return wait_until(lambda: {m.worker_id for m in members.live(namespace, name)} == want, timeout, 0.1)
@@ -162,11 +187,19 @@ def wait_ready(home: str, namespace: str, name: str, replicas: int, timeout: flo
 
 def converge(home: str, runtime, timeout: float = READY_TIMEOUT_S) -> str:
     """Make the processes match ``runtime`` (stored already): start/keep its supervisor and wait for
-    its workers, or stop them for an in-process runtime. Returns '' or a note on readiness."""
+    its workers, or stop them for an in-process runtime (whose cache becomes one worker's again, see
+    :func:`return_cache`). External workers are the orchestrator's to start, scale and stop: nothing
+    is done. Returns '' or a note on readiness."""
+    if external_workers():
+        return ""
     ns, name = runtime.metadata.namespace, runtime.metadata.name
     if not distributed(runtime):
+        kept = workerset.plan(1, workerset.read(home, ns, name))[0]
         stop(home, ns, name)
+        return_cache(home, runtime, kept)
+        workerset.forget(home, ns, name)
         return ""
+    workerset.write(home, ns, name, workerset.desired(home, ns, name, runtime.spec.replicas))
     ensure_running(home, ns, name)
     if wait_ready(home, ns, name, runtime.spec.replicas, timeout):
         return ""
@@ -176,25 +209,49 @@ def converge(home: str, runtime, timeout: float = READY_TIMEOUT_S) -> str:
     return f" ({ready}/{runtime.spec.replicas} workers ready; see 'datacache get runtimes')"
 
 
-def adopt_in_process_cache(home: str, runtime) -> list[str]:
-    """Make the in-process cache of CacheRuntime ``runtime`` (a model) worker-0's, per disk level
-    (see the module docstring); returns the directories adopted. Raises ``OSError`` if a rename
-    fails."""
-    adopted = []
+def _disk_bases(home: str, runtime):
+    """The in-process cache directory of each disk level of ``runtime`` (the layout of
+    ``Embedded.store_for``: ``<level path>/<ns>/<name>``, workers' directories below it)."""
     for level in runtime.spec.tieredstore.ordered_levels:
-        if level.mediumtype == "MEM":
-            continue
-        # The in-process layout of Embedded.store_for: <level path>/<ns>/<name>, workers below it.
-        base = os.path.join(home, os.path.expanduser(level.path), runtime.metadata.namespace, runtime.metadata.name)
-        target = os.path.join(base, "worker-0")
-        if not os.path.exists(os.path.join(base, "cache.db")) or os.path.exists(os.path.join(target, "cache.db")):
-            continue
-        private.makedirs(target)
-        for entry in os.listdir(base):
-            if not entry.startswith("worker-"):
-                os.replace(os.path.join(base, entry), os.path.join(target, entry))
-        adopted.append(base)
+        if level.mediumtype != "MEM":
+            yield os.path.join(home, os.path.expanduser(level.path), runtime.metadata.namespace, runtime.metadata.name)
+
+
+def _move_cache(source: str, target: str) -> None:
+    """Rename every entry of the cache in ``source`` (not the workers' directories) into ``target``."""
+    private.makedirs(target)
+    for entry in os.listdir(source):
+        if not entry.startswith("worker-"):
+            os.replace(os.path.join(source, entry), os.path.join(target, entry))
+
+
+def adopt_in_process_cache(home: str, runtime) -> list[str]:
+    """Make the in-process cache of CacheRuntime ``runtime`` (a model) the first worker's of its
+    worker set that has no cache yet, per disk level (see the module docstring); returns the
+    directories adopted. Raises ``OSError`` if a rename fails."""
+    ns, name = runtime.metadata.namespace, runtime.metadata.name
+    indexes = workerset.desired(home, ns, name, runtime.spec.replicas)
+    adopted = []
+    for base in _disk_bases(home, runtime):
+        free = [os.path.join(base, f"worker-{i}") for i in indexes
+                if not os.path.exists(os.path.join(base, f"worker-{i}", "cache.db"))]
+        if os.path.exists(os.path.join(base, "cache.db")) and free:
+            _move_cache(base, free[0])
+            adopted.append(base)
     return adopted
+
+
+def return_cache(home: str, runtime, index: int) -> list[str]:
+    """Make worker ``index``'s cache the in-process cache of ``runtime`` again, per disk level where
+    the in-process directory has no cache of its own (renames, no byte copied; the workers must be
+    stopped). Returns the worker directories returned. Raises ``OSError`` if a rename fails."""
+    returned = []
+    for base in _disk_bases(home, runtime):
+        worker = os.path.join(base, f"worker-{index}")
+        if os.path.exists(os.path.join(worker, "cache.db")) and not os.path.exists(os.path.join(base, "cache.db")):
+            _move_cache(worker, base)
+            returned.append(worker)
+    return returned
 
 
 def stop(home: str, namespace: str, name: str, timeout: float = STOP_TIMEOUT_S) -> None:
@@ -289,7 +346,8 @@ class Supervisor:
 
     def _converge(self, desired: int, spec: str, port: int) -> None:
         now = time.monotonic()
-        for i in range(desired):
+        indexes = workerset.desired(self.home, self.namespace, self.name, desired)
+        for i in indexes:
             child = self._children.setdefault(i, _Child())
             if child.proc is not None and child.proc.poll() is None:
                 if child.spec != spec:
@@ -305,7 +363,7 @@ class Supervisor:
                 child.proc = None
             if now >= child.next_start:
                 self._start(i, child, spec, port + i if port else 0)
-        extra = [i for i in self._children if i >= desired]
+        extra = [i for i in self._children if i not in indexes]
         if extra:
             self._stop_children(extra)
 

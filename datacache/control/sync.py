@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from datacache.entry import FileEntry
 from datacache.manifest import BATCH_ROWS, SCHEMA, ManifestDiff, aligned_batches, diff_batches, entries_table
+from datacache.control import syncmark
 
 __all__ = ["sync_manifest", "DIFF_FILE"]
 
@@ -67,10 +68,11 @@ def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: P
             os.replace(runs[0], new_path)
         else:
             _merge_runs(runs, new_path, batch_rows)
-        old = _path_versions(manifest_path) if os.path.exists(manifest_path) else iter(())
-        diff = diff_batches(old, _path_versions(new_path), out=os.path.join(work, DIFF_FILE))
         os.chmod(new_path, 0o600)
-        os.replace(new_path, manifest_path)
+        with syncmark.manifest_write(directory):  # the diff is against the manifest it replaces
+            old = _path_versions(manifest_path) if os.path.exists(manifest_path) else iter(())
+            diff = diff_batches(old, _path_versions(new_path), out=os.path.join(work, DIFF_FILE))
+            os.replace(new_path, manifest_path)
         # Written in the private work directory first: two syncs at once never share a file.
         diff = dataclasses.replace(diff, file=os.path.join(directory, DIFF_FILE))
         os.replace(os.path.join(work, DIFF_FILE), diff.file)

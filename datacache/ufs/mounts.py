@@ -11,6 +11,7 @@ of that name) is opened by the plugin; a ThinRuntime passes its own ``opener`` f
 
 from __future__ import annotations
 
+import logging
 import posixpath
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -23,13 +24,17 @@ from fsspec.registry import known_implementations, registry
 from datacache.api.models import plugin_schemes
 from datacache.entry import FileEntry
 from datacache.errors import ResourceError
+from datacache.manifest import normalize
 from datacache.ufs.credentials import redact, resolve_options
+from datacache.ufs.retry import RETRY_OPTIONS, policy_from_options
 from datacache.ufs.versions import mtime_of, read_exact, version_of
 
 # Every UFS call is bounded: a stalled store must become an error, never a hang. The mount
 # options connect_timeout/read_timeout (seconds) bound one try; botocore tries once, because
 # reads are tried again by datacache.ufs.retry (3 tries: a stalled read fails within 3 * 15 s + 4 s).
 _S3_TIMEOUTS = {"connect_timeout": 5.0, "read_timeout": 10.0}
+
+log = logging.getLogger("datacache.ufs")
 
 
 @dataclass
@@ -65,6 +70,7 @@ class UnionNamespace:
         self.name = dataset.metadata.name
         self.secrets: list[str] = []
         self.mounts: dict[str, UfsMount] = {}
+        self.policies = {m.name: policy_from_options(m.options) for m in dataset.spec.mounts}  # retries
         open_mount = opener or (lambda m, where: self._open_url(m, where, home))
         for i, m in enumerate(dataset.spec.mounts):
             fs, root = open_mount(m, f"dataset {self.name!r}: spec.mounts[{i}]")
@@ -77,6 +83,8 @@ class UnionNamespace:
             return open_plugin_mount(m.scheme, m, home, where)
         options, secrets = resolve_options(m, home, where)
         self.secrets += secrets
+        for key in RETRY_OPTIONS:  # datacache's own (self.policies), not the filesystem's
+            options.pop(key, None)
         url = m.mount_point if "://" in m.mount_point else f"file://{m.mount_point}"
         try:
             if url.startswith(("s3://", "s3a://")):
@@ -102,9 +110,12 @@ class UnionNamespace:
                     ufs_path = info["name"]
                     if info.get("type") != "file" or ufs_path.endswith("/"):  # "folder/" marker objects
                         continue
+                    path = _namespace_path(mount, ufs_path, where)
+                    if path is None:
+                        continue
                     if info.get("size") is None:  # listings that give no size (HTTP index pages)
                         info = mount.fs.info(ufs_path)
-                    yield FileEntry(mount.dataset_path(ufs_path), mount.name, ufs_path, int(info["size"]),
+                    yield FileEntry(path, mount.name, ufs_path, int(info["size"]),
                                     mtime_of(info), version_of(mount.fs, info))
             except FileNotFoundError:
                 raise ResourceError(f"{where}: mountPoint {mount.root!r} does not exist in the UFS: "
@@ -126,11 +137,25 @@ class UnionNamespace:
         """Bytes ``[start, end)`` of exactly ``version``; see ``versions.read_exact`` for errors.
         Secret values are removed from any error message."""
         try:
-            return read_exact(self.mounts[mount].fs, ufs_path, version, start, end)
+            return read_exact(self.mounts[mount].fs, ufs_path, version, start, end, self.policies[mount])
         except OSError as err:
             if self.secrets and err.strerror:
                 err.strerror = redact(err.strerror, self.secrets)
             raise
+
+
+def _namespace_path(mount: UfsMount, ufs_path: str, where: str) -> str | None:
+    """The dataset path of ``ufs_path`` in canonical form (``a//b`` and ``a/./b`` are ``a/b``, as
+    lookups see them), or None, with a warning naming the file and the fix, for a name the namespace
+    cannot hold: one that is not UTF-8 (manifests and S3 keys are UTF-8 only) or has '..' parts."""
+    try:
+        ufs_path.encode("utf-8")
+        return normalize(mount.dataset_path(ufs_path))
+    except (UnicodeEncodeError, ValueError) as err:
+        why = "its name is not valid UTF-8" if isinstance(err, UnicodeEncodeError) else "its name has '..' parts"
+        log.warning("%s: skipped %r: %s (rename it in the UFS to include it)",
+                    where, ufs_path.encode("utf-8", "surrogateescape"), why)
+        return None
 
 
 _S3_PAGE = 1000  # keys per ListObjectsV2 page (the S3 maximum)

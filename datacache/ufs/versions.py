@@ -18,6 +18,7 @@ A mismatch raises :class:`~datacache.errors.StaleFileError`; a vanished file rai
 
 from __future__ import annotations
 
+import email.utils
 import errno
 import os
 
@@ -38,13 +39,14 @@ def version_of(fs, info: dict) -> str:
     for field in _VERSION_FIELDS:
         if info.get(field):
             return str(info[field])
-    mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""
+    mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("Last-Modified") or ""
     return f"{info['size']}:{mtime}"
 
 
 def mtime_of(info: dict) -> float:
     """Modification time in seconds since the epoch, 0.0 when the UFS gives none."""
-    value = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
+    value = (info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
+             or info.get("Last-Modified"))  # HTTP (fsspec's http): an RFC 9110 date
     if value is None or value == "":
         return 0.0
     if isinstance(value, (int, float)):
@@ -56,6 +58,10 @@ def mtime_of(info: dict) -> float:
 
         return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
     except ValueError:
+        pass
+    try:
+        return email.utils.parsedate_to_datetime(str(value)).timestamp()
+    except (TypeError, ValueError):
         return 0.0
 
 

@@ -31,6 +31,20 @@ def _user_errors():
     return (MountError, DatacacheError, mountinfo.UnmountError)
 
 
+def _check_dataset(home: str, dataset: str, namespace: str) -> None:
+    """Raise ``ResourceError`` (one line, with the fix) unless ``dataset`` exists with a runtime."""
+    from datacache.control.embedded import Embedded
+    from datacache.errors import ResourceError
+
+    plane = Embedded(home)
+    try:
+        if plane.runtime_for(plane.get("Dataset", dataset, namespace)) is None:
+            raise ResourceError(f"dataset {namespace}/{dataset} has no CacheRuntime: apply a CacheRuntime "
+                                f"(or ThinRuntime) named {dataset!r} in namespace {namespace!r} to mount it")
+    finally:
+        plane.close()
+
+
 @click.command()
 @click.argument("dataset")
 @click.argument("mountpoint", type=click.Path(file_okay=False))
@@ -59,6 +73,7 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
     mountpoint = mountinfo.canonical(mountpoint)
     logfile = log_path(home, dataset, namespace, mountpoint)
     try:
+        _check_dataset(home, dataset, namespace)  # a daemon's own refusal would only reach its log
         if background:
             state = mountinfo.probe(mountpoint)
             if state is MountState.LIVE:

@@ -1,6 +1,9 @@
 """kopf handlers: thin functions that load the resource, call the shared reconcile steps and write
 status. Run: ``kopf run -m datacache_operator.handlers --all-namespaces``.
 
+CacheRuntimes and ThinRuntimes go through one reconcile (:func:`reconcile_runtime`); a Dataset
+binds to its CacheRuntime, else its ThinRuntime, of the same name, as in embedded mode.
+
 "Not ready yet" (no Dataset for a runtime, workers still starting, a Job still running) is a
 ``kopf.TemporaryError`` with a delay: kopf retries later, the resource does not fail. A wrong spec
 is a ``kopf.PermanentError`` whose message names the resource, field and fix.
@@ -16,6 +19,7 @@ import kopf
 from lightkube import AsyncClient
 
 from datacache.api.crds import GROUP, VERSION
+from datacache.api.models import RUNTIME_PLUGIN_GROUP, plugin_schemes
 from datacache.control import autoscale, reconcile
 from datacache.errors import ConfigError
 
@@ -57,6 +61,38 @@ async def _dataset_for(client: AsyncClient, name: str, namespace: str) -> Any:
     return _load(found)
 
 
+RUNTIME_KINDS = ("CacheRuntime", "ThinRuntime")
+"""The kinds a Dataset binds to (same name and namespace), looked up in this order, as embedded."""
+
+
+async def _runtime_body(client: AsyncClient, name: str, namespace: str) -> dict[str, Any] | None:
+    """The API object of the runtime bound to Dataset ``namespace/name``, or None."""
+    for kind in RUNTIME_KINDS:
+        found = await kube.get_or_none(client, kind, name, namespace)
+        if found is not None:
+            return found
+    return None
+
+
+async def _profile_for(client: AsyncClient, runtime: Any) -> tuple[Any, str]:
+    """``(profile, problem)``: a ThinRuntime's ThinRuntimeProfile model, or why the runtime cannot
+    work (profile missing, or its plugin not installed in the image: the same check embedded makes);
+    ``(None, "")`` for a CacheRuntime."""
+    if runtime.kind != "ThinRuntime":
+        return None, ""
+    who = f"thinruntime {runtime.metadata.namespace}/{runtime.metadata.name}"
+    name = runtime.spec.profile_name
+    found = await kube.get_or_none(client, "ThinRuntimeProfile", name, None)
+    if found is None:
+        return None, f"{who}: spec.profileName: thinruntimeprofile {name!r} not found: apply it first"
+    profile = _load(found)
+    plugin = profile.spec.plugin
+    if plugin is not None and plugin not in plugin_schemes():
+        return profile, (f"{who}: plugin {plugin!r} is not installed in image {SETTINGS.image} (no entry point "
+                         f"in group {RUNTIME_PLUGIN_GROUP!r}): build the image with the plugin's package")
+    return profile, ""
+
+
 async def _worker_metrics(client: AsyncClient, runtime: Any) -> list[autoscale.WorkerMetrics]:
     """Capacity and used bytes of the runtime's running worker pods, from their /metrics."""
     pods = await kube.pod_ips(client, runtime.metadata.namespace, manifests.worker_labels(runtime))
@@ -77,17 +113,23 @@ def _reconciled(plural: str, timer_id: str) -> Any:
 
 
 async def reconcile_runtime(body: Any, patch: kopf.Patch) -> None:
-    """Create or update a CacheRuntime's children and write its status; raises TemporaryError
-    until every desired worker is ready."""
+    """Create or update a CacheRuntime's or ThinRuntime's children and write its status; raises
+    TemporaryError until every desired worker is ready. A ThinRuntime whose profile is missing or
+    whose plugin is not installed gets phase Failed with the reason, and no workers, and is looked
+    at again later (a profile applied afterwards makes it work)."""
     runtime = _load(body)
     name, namespace = runtime.metadata.name, runtime.metadata.namespace
     client = AsyncClient()
     try:
         dataset = await _dataset_for(client, name, namespace)
-        await kube.ensure(client, manifests.config_map(dataset, runtime, body))
+        profile, problem = await _profile_for(client, runtime)
+        if problem:
+            patch.status.update(reconcile.runtime_status(runtime.spec.replicas, [], problem))
+            raise kopf.TemporaryError(problem, delay=RETRY_S)
+        await kube.ensure(client, manifests.config_map(dataset, runtime, body, profile))
         await kube.ensure(client, manifests.token_secret(runtime, secrets.token_urlsafe(32), body), replace=False)
         await kube.ensure(client, manifests.headless_service(runtime, body))
-        workload = manifests.worker_workload(dataset, runtime, body, SETTINGS)
+        workload = manifests.worker_workload(dataset, runtime, body, SETTINGS, profile)
         await kube.ensure(client, workload)
         observed = await kube.get_or_none(client, workload["kind"], workload["metadata"]["name"], namespace)
         metrics = await _worker_metrics(client, runtime)
@@ -104,9 +146,10 @@ async def reconcile_runtime(body: Any, patch: kopf.Patch) -> None:
         raise kopf.TemporaryError(f"{status['readyWorkers']}/{status['desiredWorkers']} workers ready", delay=RETRY_S)
 
 
+@_reconciled("thinruntimes", timer_id="thinruntime_status")
 @_reconciled("cacheruntimes", timer_id="runtime_status")
 async def runtime_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
-    """A CacheRuntime was created, changed, found at start-up, or is due a status refresh."""
+    """A CacheRuntime or ThinRuntime was created, changed, found at start-up, or is due a status refresh."""
     await reconcile_runtime(body, patch)
 
 
@@ -114,8 +157,10 @@ async def runtime_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
             initial_delay=SETTINGS.status_interval_s)
 async def runtime_autoscale(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Apply the runtime's autoscale policy to ``spec.replicas`` (what the scale subresource
-    writes). On scale-in the StatefulSet removes its highest ordinals, not ``decision.remove``:
-    the workers' hand-off (:mod:`datacache.cluster.peers`) moves their blocks to the new owners."""
+    writes). On scale-in the StatefulSet removes its highest ordinals, not ``decision.remove``, and
+    their blocks are not handed off: hand-off (:mod:`datacache.cluster.peers`) is pulled from a live
+    holder, and a terminating pod leaves DNS at once. Their new owners re-read those blocks from
+    the UFS on the next miss (README, "Scale-in on Kubernetes")."""
     runtime = _load(body)
     if runtime.spec.autoscale is None:
         return
@@ -136,12 +181,12 @@ async def runtime_autoscale(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: 
 
 @_reconciled("datasets", timer_id="dataset_status")
 async def dataset_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
-    """Dataset status: NotBound without a CacheRuntime of the same name, Pending until a worker
-    (which syncs the manifest when it starts) is ready, then Bound."""
+    """Dataset status: NotBound without a CacheRuntime (or ThinRuntime) of the same name, Pending
+    until a worker (which syncs the manifest when it starts) is ready, then Bound."""
     dataset = _load(body)
     client = AsyncClient()
     try:
-        runtime = await kube.get_or_none(client, "CacheRuntime", dataset.metadata.name, dataset.metadata.namespace)
+        runtime = await _runtime_body(client, dataset.metadata.name, dataset.metadata.namespace)
     finally:
         await client.close()
     runtime_status = (runtime or {}).get("status") or {}
@@ -162,9 +207,10 @@ async def dataload_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
     client = AsyncClient()
     try:
         dataset = await _dataset_for(client, ds.name, ds.namespace)
-        runtime_body = await kube.get_or_none(client, "CacheRuntime", ds.name, ds.namespace)
+        runtime_body = await _runtime_body(client, ds.name, ds.namespace)
         if runtime_body is None:
-            raise kopf.TemporaryError(f"CacheRuntime {ds.namespace}/{ds.name} not found yet", delay=RETRY_S)
+            raise kopf.TemporaryError(f"CacheRuntime (or ThinRuntime) {ds.namespace}/{ds.name} not found yet",
+                                      delay=RETRY_S)
         try:
             job = manifests.dataload_job(dataload, dataset, _load(runtime_body), body, SETTINGS)
         except ValueError as err:
@@ -192,11 +238,11 @@ async def fuse_sidecar(body: Any, patch: kopf.Patch, **_: Any) -> None:
     client = AsyncClient()
     try:
         dataset_body = await kube.get_or_none(client, "Dataset", name, namespace)
-        runtime_body = await kube.get_or_none(client, "CacheRuntime", name, namespace)
+        runtime_body = await _runtime_body(client, name, namespace)
     finally:
         await client.close()
     if dataset_body is None or runtime_body is None:
-        missing = "Dataset" if dataset_body is None else "CacheRuntime"
+        missing = "Dataset" if dataset_body is None else "CacheRuntime (or ThinRuntime)"
         raise kopf.AdmissionError(f"pod label {manifests.DATASET_LABEL}={name}: no {missing} '{name}' in namespace "
                                   f"'{namespace}': create it first or fix the label", code=400)
     try:

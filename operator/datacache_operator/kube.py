@@ -11,13 +11,13 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apps_v1 import DaemonSet, StatefulSet
 from lightkube.resources.batch_v1 import CronJob, Job
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from datacache.api.crds import GROUP, PLURALS, VERSION
+from datacache.api.crds import CLUSTER_SCOPED, GROUP, PLURALS, VERSION
 
 # lightkube raises ApiError only for responses typed exactly "application/json"; its base class
 # (httpx's HTTPStatusError) covers every HTTP error status, and carries the code on the response.
@@ -28,9 +28,9 @@ def _code(err: Exception) -> int:
     return err.response.status_code  # type: ignore[attr-defined]
 
 
-CUSTOM = {kind: create_namespaced_resource(GROUP, VERSION, kind, plural) for kind, plural in PLURALS.items()
-          if kind != "ThinRuntimeProfile"}
-"""lightkube resource classes of the namespaced datacache kinds."""
+CUSTOM = {kind: (create_global_resource if kind in CLUSTER_SCOPED else create_namespaced_resource)(
+    GROUP, VERSION, kind, plural) for kind, plural in PLURALS.items()}
+"""lightkube resource classes of the datacache kinds (ThinRuntimeProfile is cluster-scoped)."""
 
 
 async def ensure(client: AsyncClient, manifest: dict[str, Any], replace: bool = True) -> None:
@@ -47,12 +47,12 @@ async def ensure(client: AsyncClient, manifest: dict[str, Any], replace: bool = 
                                patch_type=PatchType.MERGE)
 
 
-async def get_or_none(client: AsyncClient, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+async def get_or_none(client: AsyncClient, kind: str, name: str, namespace: str | None) -> dict[str, Any] | None:
     """The object ``kind`` (a datacache kind, ``StatefulSet``, ``DaemonSet``, ``Job``, ``CronJob``) as a dict,
-    or None when it does not exist."""
+    or None when it does not exist; ``namespace`` is ignored for a cluster-scoped kind."""
     res = CUSTOM.get(kind) or _BUILTIN[kind]
     try:
-        obj = await client.get(res, name, namespace=namespace)
+        obj = await client.get(res, name, namespace=None if kind in CLUSTER_SCOPED else namespace)
     except HTTPStatusError as err:
         if _code(err) == 404:
             return None

@@ -1,10 +1,13 @@
 """Child objects of the datacache resources, as plain dicts (pure functions, no API calls).
 
-A CacheRuntime ``NAME`` becomes: ConfigMap ``NAME-config`` (``resources.yaml``: the Dataset and
-the runtime, which every datacache container applies to its own ``$DATACACHE_HOME`` before it
-starts), Secret ``NAME-worker-token`` (the workers' bearer token), headless Service
+A CacheRuntime or ThinRuntime ``NAME`` becomes: ConfigMap ``NAME-config`` (``resources.yaml``:
+the Dataset and the runtime, and a ThinRuntime's ThinRuntimeProfile, which every datacache
+container applies to its own ``$DATACACHE_HOME`` before it starts), Secret ``NAME-worker-token`` (the workers' bearer token), headless Service
 ``NAME-worker`` (stable DNS names for membership) and the workers: a StatefulSet (one pod per
-replica, ``--index`` from the pod's ordinal) or a DaemonSet (one worker per node). A DataLoad
+replica, ``--index`` from the pod's ordinal) or a DaemonSet (one worker per node; a ThinRuntime,
+whose ``replicas`` is 0 or 1, always gets a StatefulSet). A ThinRuntime's workers open its UFS
+through the profile's plugin or FUSE command, as embedded does; a FUSE command needs /dev/fuse and
+mount privileges, so those workers (and only those) run privileged. A DataLoad
 becomes Job ``NAME-dataload`` running ``datacache warmup``. Every child carries an ownerReference
 to its resource, so deleting the resource deletes them (Kubernetes' garbage collector).
 
@@ -23,7 +26,7 @@ import shlex
 from typing import Any, Mapping
 
 from datacache.api.loader import to_yaml
-from datacache.api.models import CacheRuntime, DataLoad, Dataset
+from datacache.api.models import CacheRuntime, DataLoad, Dataset, ThinRuntimeProfile
 from datacache.cluster.discovery import PORT_NAME, service_name
 
 from .settings import CONFIG_DIR, HOME, WORKER_PORT, Settings
@@ -64,15 +67,19 @@ def worker_port(runtime: CacheRuntime) -> int:
     return runtime.spec.worker.port or WORKER_PORT
 
 
-def config_map(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any]) -> dict[str, Any]:
-    """ConfigMap ``NAME-config`` with ``resources.yaml``: the Dataset and the runtime as each pod
-    applies them locally. The copy has ``replicas: 1`` and no autoscale: in a pod the embedded plane
-    must not start workers of its own (the StatefulSet runs them)."""
-    local = runtime.model_copy(update={"spec": runtime.spec.model_copy(update={"replicas": 1, "autoscale": None})})
+def config_map(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any],
+               profile: ThinRuntimeProfile | None = None) -> dict[str, Any]:
+    """ConfigMap ``NAME-config`` with ``resources.yaml``: the Dataset and the runtime (a
+    CacheRuntime or ThinRuntime; with a ThinRuntime its ``profile`` first) as each pod applies them
+    locally. The copy keeps the real ``replicas`` (so a pod with ``DATACACHE_MEMBERSHIP=dns`` reads
+    through the workers DNS lists and starts none of its own, see
+    :func:`datacache.control.supervisor.external_workers`) and drops autoscale (the operator drives
+    the scale subresource, not the pods)."""
+    local = runtime.model_copy(update={"spec": runtime.spec.model_copy(update={"autoscale": None})})
     name = runtime.metadata.name
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _meta(f"{name}-config", runtime.metadata.namespace, worker_labels(runtime), owner),
-            "data": {"resources.yaml": to_yaml([dataset, local])}}
+            "data": {"resources.yaml": to_yaml([*([profile] if profile else []), dataset, local])}}
 
 
 def token_secret(runtime: CacheRuntime, token: str, owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,19 +135,30 @@ def base_volumes(runtime: CacheRuntime) -> tuple[list[dict], list[dict]]:
     return volumes, mounts
 
 
-def pod_env(runtime: CacheRuntime) -> list[dict]:
+def pod_env(runtime: CacheRuntime, settings: Settings) -> list[dict]:
     """Environment of every datacache container: ``DATACACHE_HOME``, DNS membership (workers are
-    found through the headless Service, whose name follows from the runtime's name and namespace),
+    found through the headless Service, whose name follows from the runtime's name and namespace,
+    under ``settings.cluster_domain``),
     the worker token by reference to its Secret (the kubelet resolves it; the pod spec holds no
     value), the pod's and node's names."""
     return [
         {"name": "DATACACHE_HOME", "value": HOME},
         {"name": "DATACACHE_MEMBERSHIP", "value": "dns"},
+        {"name": "DATACACHE_CLUSTER_DOMAIN", "value": settings.cluster_domain},
         {"name": "DATACACHE_WORKER_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": f"{runtime.metadata.name}-worker-token", "key": "token"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
+
+
+def fuse_device(settings: Settings, volume: str) -> tuple[list[dict], dict[str, Any]]:
+    """``(volumes, container fields)`` giving a container /dev/fuse: the device plugin's extended
+    resource ``settings.fuse_device_resource`` when set, else hostPath char device ``volume``."""
+    if settings.fuse_device_resource:
+        return [], {"resources": {"limits": {settings.fuse_device_resource: "1"}}}
+    return ([{"name": volume, "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}}],
+            {"volumeMounts": [{"name": volume, "mountPath": "/dev/fuse"}]})
 
 
 def _shell(*commands: list[str]) -> list[str]:
@@ -157,9 +175,12 @@ _RESTRICTED = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True
                "capabilities": {"drop": ["ALL"]}}
 
 
-def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any],
-                    settings: Settings) -> dict[str, Any]:
-    """The workers: a StatefulSet (``settings.worker_kind``) or a DaemonSet named ``NAME-worker``."""
+def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any], settings: Settings,
+                    profile: ThinRuntimeProfile | None = None) -> dict[str, Any]:
+    """The workers: a StatefulSet (``settings.worker_kind``; always for a ThinRuntime) or a DaemonSet
+    named ``NAME-worker``. ``profile``: a ThinRuntime's; with a FUSE command the worker container
+    gets /dev/fuse and runs privileged (mounting needs CAP_SYS_ADMIN past the default seccomp and
+    AppArmor profiles)."""
     name, namespace = runtime.metadata.name, runtime.metadata.namespace
     port = worker_port(runtime)
     volumes, mounts = base_volumes(runtime)
@@ -177,7 +198,8 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
         else:
             volumes.append({"name": volume, "emptyDir": {"sizeLimit": str(level.quota_bytes)}})
             mounts.append({"name": volume, "mountPath": posixpath.join(HOME, level.path)})
-    stateful = settings.worker_kind == "StatefulSet"
+    kind = "StatefulSet" if runtime.kind == "ThinRuntime" else settings.worker_kind
+    stateful = kind == "StatefulSet"
     # StatefulSet pods are NAME-worker-<ordinal>: the ordinal is the worker's placement index. A
     # DaemonSet pod has no ordinal: its index is the CRC-32 of its node's name (POSIX cksum), the
     # same on every restart on that node, so it finds its hostPath cache directory again; two of
@@ -185,20 +207,26 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
     # reads a StatefulSet worker's id from its SRV target (the pod name) and asks a DaemonSet
     # worker's /healthz for it (its target is named after its address).
     index = '"${POD_NAME##*-}"' if stateful else '"$(printf %s "$NODE_NAME" | cksum | cut -d " " -f 1)"'
-    advertise = f'"$POD_NAME.{name}-worker.{namespace}.svc"' if stateful else '"$NODE_NAME"'
+    advertise = f'"$POD_NAME.{name}-worker.{namespace}.svc.{settings.cluster_domain}"' if stateful else '"$NODE_NAME"'
     serve = ["datacache", "worker", "serve", name, "-n", namespace, "--host", "0.0.0.0",
              "--port", str(port), "--index", index, "--advertise", advertise]
     container = {
         "name": "worker",
         "image": settings.image,
         "command": _shell(_apply(), serve),
-        "env": pod_env(runtime),
+        "env": pod_env(runtime, settings),
         "ports": [{"name": PORT_NAME, "containerPort": port}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
         "resources": {"requests": {"memory": str(memory)}},
         "securityContext": _RESTRICTED,
         "volumeMounts": mounts + secret_mounts,
     }
+    if profile is not None and profile.spec.fuse is not None:
+        device_volumes, device = fuse_device(settings, "dev-fuse")
+        volumes += device_volumes
+        container["volumeMounts"] += device.get("volumeMounts", [])
+        container["resources"].update(device.get("resources", {}))
+        container["securityContext"] = {"privileged": True, "runAsUser": 0, "runAsNonRoot": False}
     pod: dict[str, Any] = {
         "metadata": {"labels": worker_labels(runtime),
                      "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(port)}},
@@ -211,7 +239,7 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
     spec: dict[str, Any] = {"selector": {"matchLabels": worker_labels(runtime)}, "template": pod}
     if stateful:
         spec.update(serviceName=service_name(name), replicas=runtime.spec.replicas, podManagementPolicy="Parallel")
-    return {"apiVersion": "apps/v1", "kind": settings.worker_kind,
+    return {"apiVersion": "apps/v1", "kind": kind,
             "metadata": _meta(f"{name}-worker", namespace, worker_labels(runtime), owner), "spec": spec}
 
 
@@ -219,12 +247,15 @@ def dataload_job(dataload: DataLoad, dataset: Dataset, runtime: CacheRuntime, ow
                  settings: Settings) -> dict[str, Any]:
     """``NAME-dataload`` running ``datacache warmup DATASET [PATH ...]`` (3 retries): a Job for
     policy Once, a CronJob on ``spec.schedule`` for policy Cron (one run at a time). Raises
-    ``ValueError`` for policy OnEvent, which needs manifest-change events the operator lacks."""
+    ``ValueError`` for policy OnEvent: embedded runs it from a metadata sync's diff against the
+    previous manifest (:meth:`datacache.control.embedded.Embedded.run_on_event`), but on Kubernetes
+    every pod lists the UFS afresh into its own emptyDir, so no sync has a previous manifest to diff."""
     name, namespace = dataload.metadata.name, dataload.metadata.namespace
     policy = dataload.spec.policy
     if policy == "OnEvent":
-        raise ValueError(f"DataLoad {namespace}/{name}: spec.policy: OnEvent is not run on Kubernetes yet "
-                         "(the operator does not see manifest changes): use Once or Cron")
+        raise ValueError(f"DataLoad {namespace}/{name}: spec.policy: OnEvent is not run on Kubernetes (no pod "
+                         "keeps the previous manifest, so no sync sees added or changed files): use Cron "
+                         "(a CronJob warming the targets on a schedule) or Once")
     volumes, mounts = base_volumes(runtime)
     secret_vols, secret_mounts = secret_volumes(dataset)
     warmup = ["datacache", "warmup", dataset.metadata.name, *[t.path for t in dataload.spec.target],
@@ -232,7 +263,7 @@ def dataload_job(dataload: DataLoad, dataset: Dataset, runtime: CacheRuntime, ow
     labels = {"app.kubernetes.io/name": "datacache", "app.kubernetes.io/component": "dataload",
               "datacache.io/dataload": name}
     container = {"name": "warmup", "image": settings.image, "command": _shell(_apply(), warmup),
-                 "env": pod_env(runtime), "securityContext": _RESTRICTED, "volumeMounts": mounts + secret_mounts}
+                 "env": pod_env(runtime, settings), "securityContext": _RESTRICTED, "volumeMounts": mounts + secret_mounts}
     job_spec = {"backoffLimit": 3, "template": {
         "metadata": {"labels": labels},
         "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes + secret_vols,

@@ -28,10 +28,11 @@ from typing import Any
 
 from datacache.api.models import CacheRuntime, Dataset
 
-from .manifests import base_volumes, pod_env, secret_volumes, worker_labels
+from .manifests import base_volumes, fuse_device, pod_env, secret_volumes, worker_labels
 from .settings import Settings
 
 MOUNT_PATH_ANNOTATION = "datacache.io/mount-path"
+_DEV_FUSE = "datacache-dev-fuse"
 SIDECAR = "datacache-fuse"
 _SHARED = "datacache-fuse-mnt"
 _FUSE_ROOT = "/datacache"
@@ -60,17 +61,16 @@ def _sidecar(dataset: Dataset, runtime: CacheRuntime, settings: Settings, mounts
         "image": settings.image,
         "command": ["sh", "-c", " ".join(apply) + " && exec " + " ".join(mount)],
         "restartPolicy": "Always",
-        "env": pod_env(runtime),
+        "env": pod_env(runtime, settings),
         "securityContext": {"privileged": True, "runAsUser": 0, "runAsNonRoot": False},
         "startupProbe": {"exec": {"command": ["sh", "-c", f"grep -qs ' {_FUSE_ROOT} fuse' /proc/mounts"]},
                          "periodSeconds": 1, "failureThreshold": 120},
         "lifecycle": {"preStop": {"exec": {"command": ["datacache", "unmount", _FUSE_ROOT]}}},
         "volumeMounts": [*mounts, {"name": _SHARED, "mountPath": _FUSE_ROOT, "mountPropagation": "Bidirectional"}],
     }
-    if settings.fuse_device_resource:
-        container["resources"] = {"limits": {settings.fuse_device_resource: "1"}}
-    else:
-        container["volumeMounts"].append({"name": "datacache-dev-fuse", "mountPath": "/dev/fuse"})
+    _, device = fuse_device(settings, _DEV_FUSE)
+    container["volumeMounts"] += device.pop("volumeMounts", [])
+    container.update(device)
     return container
 
 
@@ -109,8 +109,7 @@ def inject(pod: dict[str, Any], dataset: Dataset, runtime: CacheRuntime, setting
     own = [{**v, "name": f"datacache-{v['name']}"} for v in base_vols + secret_vols]
     own_mounts = [{**m, "name": f"datacache-{m['name']}"} for m in base_mounts + secret_mounts]
     own.append({"name": _SHARED, "emptyDir": {}})
-    if not settings.fuse_device_resource:
-        own.append({"name": "datacache-dev-fuse", "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}})
+    own += fuse_device(settings, _DEV_FUSE)[0]
     taken = {v.get("name") for v in spec.get("volumes") or []} & {v["name"] for v in own}
     if taken:
         raise InjectionError(f"volume name(s) {', '.join(sorted(taken))} are reserved for datacache's FUSE "

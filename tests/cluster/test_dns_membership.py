@@ -3,9 +3,12 @@
 A dnslib DNSServer answers, like Kubernetes DNS does for the headless Service ``dnsrt-worker``,
 one SRV record per ready worker (``_http._tcp.dnsrt-worker.default.svc.cluster.local``) with its
 target's A record in the additional section; its ready workers are the real worker processes
-of a 3-worker runtime (their ports read from the embedded membership). Workers and clients are
-switched to DNS membership by the environment the operator sets in pods. Checked: warmup + reads
-(sha256 of bytes) with every block on its HRW owner, a worker removed from DNS no longer asked,
+of a 3-worker runtime (their ports read from the embedded membership), started by the test as the
+StatefulSet would (with DNS membership the plane starts none). Workers and clients are switched to
+DNS membership by the environment the operator sets in pods. Checked: warmup + reads (sha256 of
+bytes) with every block on its HRW owner, a worker removed from DNS no longer asked; "pods" (fresh
+homes applying the operator's ConfigMap) running the DataLoad Job's command and ``datacache cat``
+warm and read through the workers, caching nothing and starting no process themselves;
 DaemonSet-style targets identified through /healthz, and a DNS server that goes down: the last
 answer is kept for the stale bound, then a clear error.
 """
@@ -13,7 +16,11 @@ answer is kept for the stale bound, then a clear error.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -23,7 +30,12 @@ from dnslib import QTYPE, RCODE, RR, SRV, A
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster_support import MiB, apply_cluster, block_bytes, live, open_client, reap, stored_keys, wait_for
+from cluster_support import (MiB, apply_cluster, block_bytes, live, open_client, processes_of, reap, runtime_docs,
+                             stored_keys, wait_for, worker_metrics)
+from datacache.api.loader import load_resource_dict, load_resources
+from datacache.control import supervisor
+from datacache.control.state import StateStore
+from datacache.errors import ConfigError
 from datacache.cluster.discovery import DnsMembership, MembershipUnavailableError, srv_name
 from datacache.cluster.placement import owners
 from datacache.cluster.client import WorkerClient
@@ -35,7 +47,9 @@ NAME = "dnsrt"
 BLOCK = 256 << 10
 WARM = {"a.bin": 3 * BLOCK + 11, "b.bin": 2 * MiB + 5, "dir/c.bin": BLOCK}
 COLD = {"later/d.bin": 6 * BLOCK + 1, "later/e.bin": 2 * MiB}
+POD = {"job/f.bin": 5 * BLOCK + 3, "job/g.bin": 2 * BLOCK}  # warmed by a DataLoad Job "pod"
 SERVICE = f"{NAME}-worker.default.svc.cluster.local."
+TOKEN = "t" * 43  # the Secret's token, as the kubelet puts it in the pods' environment
 
 
 class HeadlessService(BaseResolver):
@@ -81,10 +95,14 @@ def _free_udp_port() -> int:
 
 @pytest.fixture(scope="module")
 def dns_cluster(module_home, tmp_path_factory):
-    """``(plane, zone, server, nameserver, contents)``: 3 workers found through a real DNS server."""
+    """``(plane, zone, server, nameserver, contents)``: 3 workers found through a real DNS server.
+
+    As on Kubernetes, the plane only stores the resources (membership is external, so it starts no
+    worker) and the "orchestrator" (this fixture, the StatefulSet's role) runs ``datacache worker
+    serve --index i`` itself, with the environment the operator puts in every pod."""
     src = tmp_path_factory.mktemp("src")
     contents = {}
-    for name, size in {**WARM, **COLD}.items():
+    for name, size in {**WARM, **COLD, **POD}.items():
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_bytes(data := bytes(range(256)) * (size // 256) + b"x" * (size % 256))
         contents[name] = data
@@ -93,16 +111,31 @@ def dns_cluster(module_home, tmp_path_factory):
     server = DNSServer(zone, port=port, address="127.0.0.1", logger=DNSLogger(logf=lambda _: None))
     server.start_thread()
     nameserver = f"127.0.0.1:{port}"
+    logs = tmp_path_factory.mktemp("logs")
+    workers = []
     with pytest.MonkeyPatch.context() as env:  # what the operator sets in every pod
         env.setenv("DATACACHE_MEMBERSHIP", "dns")
         env.setenv("DATACACHE_DNS_NAMESERVER", nameserver)
         env.setenv("DATACACHE_HOME", str(module_home))
+        env.setenv("DATACACHE_WORKER_TOKEN", TOKEN)
         plane = apply_cluster(module_home, NAME, [{"name": "local", "mountPoint": str(src), "path": "/"}])
         try:
+            assert live(module_home, NAME) == {}  # the plane started none: the orchestrator does
+            for i in range(3):
+                with open(logs / f"worker-{i}.log", "wb") as log:
+                    workers.append(subprocess.Popen(
+                        [sys.executable, "-m", "datacache", "worker", "serve", NAME, "-n", "default", "--home",
+                         str(module_home), "--index", str(i), "--port", "0"], stdin=subprocess.DEVNULL,
+                        stdout=log, stderr=subprocess.STDOUT))
+            wait_for(lambda: len(live(module_home, NAME)) == 3, 60, "3 workers to register")
             yield plane, zone, server, nameserver, contents
         finally:
             plane.close()
-            reap(module_home)  # before the DNS server goes: workers ask it until they stop
+            for proc in workers:  # before the DNS server goes: workers ask it until they stop
+                proc.terminate()
+            for proc in workers:
+                proc.wait(30)
+            reap(module_home)
             if server.isAlive():
                 server.stop()
 
@@ -148,9 +181,9 @@ def test_warmup_and_reads_follow_dns_membership(dns_cluster, module_home):
         gone = embedded["worker-2"].url
         asked = _data_requests(gone)
         before = stored_keys(module_home, NAME)["worker-2"]
-        for path, data in contents.items():
+        for path in {**WARM, **COLD}:  # POD's files stay cold for the DataLoad pod's test
             with client.open(path) as f:
-                assert _sha(f.read()) == _sha(data), path
+                assert _sha(f.read()) == _sha(contents[path]), path
         assert _data_requests(gone) == asked
         assert stored_keys(module_home, NAME)["worker-2"] == before
         after = stored_keys(module_home, NAME)
@@ -159,6 +192,93 @@ def test_warmup_and_reads_follow_dns_membership(dns_cluster, module_home):
     finally:
         zone.hidden.clear()
         client.close()
+
+
+def _pod(tmp_path, pod: str, plane, nameserver: str) -> tuple:
+    """``(home, env, argv of the DataLoad Job's container)`` of a "pod": a fresh ``$DATACACHE_HOME``,
+    the operator's ConfigMap (real replica count) at its config directory, the environment the
+    operator sets (values from ``manifests.pod_env``; the token and the DNS server as the kubelet
+    and the pod's resolv.conf would give them)."""
+    from datacache_operator import manifests
+    from datacache_operator.settings import CONFIG_DIR, Settings
+
+    dataset, runtime = plane.get("Dataset", NAME), plane.get("CacheRuntime", NAME)
+    owner = {"apiVersion": "datacache.io/v1alpha1", "kind": "CacheRuntime", "metadata": {"name": NAME, "uid": "u1"}}
+    home, conf = tmp_path / pod / "home", tmp_path / pod / "config"
+    home.mkdir(parents=True, mode=0o700)
+    conf.mkdir()
+    config = manifests.config_map(dataset, runtime, owner)["data"]["resources.yaml"]
+    assert load_resources("resources.yaml", config)[1].spec.replicas == 3
+    (conf / "resources.yaml").write_text(config)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DATACACHE_")}
+    env.update({e["name"]: e["value"] for e in manifests.pod_env(runtime, Settings()) if "value" in e})
+    assert env["DATACACHE_MEMBERSHIP"] == "dns"
+    env.update(DATACACHE_HOME=str(home), DATACACHE_DNS_NAMESERVER=nameserver, DATACACHE_WORKER_TOKEN=TOKEN,
+               PATH=f"{os.path.dirname(sys.executable)}:{env['PATH']}")
+    dataload = load_resource_dict({"apiVersion": "datacache.io/v1alpha1", "kind": "DataLoad",
+                                   "metadata": {"name": "warm-job", "namespace": "default"},
+                                   "spec": {"dataset": {"name": NAME}, "target": [{"path": "/job"}]}}, "test")
+    job = manifests.dataload_job(dataload, dataset, runtime, owner, Settings())
+    argv = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    return home, env, [arg.replace(CONFIG_DIR, str(conf)) for arg in argv], conf / "resources.yaml"
+
+
+def _sum_metrics(home) -> dict[str, float]:
+    """Hits, misses and UFS bytes summed over the live workers' /metrics."""
+    per_worker = worker_metrics(home, NAME)
+    return {k: sum(m.get(k, 0.0) for m in per_worker.values())
+            for k in ("datacache_worker_hits_total", "datacache_worker_misses_total", "datacache_worker_ufs_bytes_total")}
+
+
+def test_pods_read_and_warm_through_the_workers(dns_cluster, module_home, tmp_path):
+    """A DataLoad Job's pod and a training pod's FUSE sidecar, as the operator makes them: their
+    embedded planes start no worker, warmup puts every block on its HRW owner's disk (none in the
+    pod), and another pod's reads are worker hits (no UFS read) with the bytes' sha256 intact."""
+    plane, _zone, _server, nameserver, contents = dns_cluster
+    workers_before = {w: m.pid for w, m in live(module_home, NAME).items()}
+    home, env, job, config = _pod(tmp_path, "dataload", plane, nameserver)
+    done = subprocess.run(job, env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+
+    manifest = plane.load_manifest(plane.get("Dataset", NAME))
+    keys = block_bytes([e for e in manifest if e.path in POD], BLOCK, NAME)
+    assert len(keys) == 6 + 2
+    stored, ids = stored_keys(module_home, NAME), sorted(workers_before)
+    for key in keys:
+        assert key in stored[owners(key, ids)[0]], key
+    assert not (home / "cache").exists(), "the pod cached blocks in its own emptyDir"
+    assert list(home.rglob("*.pid")) == [] and processes_of(home) == [], "the pod's plane started processes"
+    assert live(home, NAME) == {} and {w: m.pid for w, m in live(module_home, NAME).items()} == workers_before
+    state = StateStore(str(home))
+    try:
+        [record] = state.list("DataLoad", "default")  # datacache warmup's one-shot DataLoad
+    finally:
+        state.close()
+    status = record["status"]
+    assert status["phase"] == "Complete", status
+    assert sum(w["bytes"] for w in status["workers"].values()) == sum(POD.values()) == sum(keys.values())
+
+    # another pod (a FUSE sidecar's plane): fresh home, reads are served by the workers
+    home_b, env_b, _job, config_b = _pod(tmp_path, "trainer", plane, nameserver)
+    applied = subprocess.run(["datacache", "apply", "-f", str(config_b)], env=env_b, capture_output=True, timeout=60)
+    assert applied.returncode == 0, applied.stderr.decode()
+    before = _sum_metrics(module_home)
+    for path in POD:
+        read = subprocess.run(["datacache", "cat", f"{NAME}/{path}"], env=env_b, capture_output=True, timeout=60)
+        assert read.returncode == 0, read.stderr.decode()
+        assert _sha(read.stdout) == _sha(contents[path]), path
+    after = _sum_metrics(module_home)
+    assert after["datacache_worker_misses_total"] == before["datacache_worker_misses_total"]
+    assert after["datacache_worker_ufs_bytes_total"] == before["datacache_worker_ufs_bytes_total"]
+    assert after["datacache_worker_hits_total"] - before["datacache_worker_hits_total"] >= len(keys)
+    assert not (home_b / "cache").exists() and list(home_b.rglob("*.pid")) == []
+
+    # status in the pod: the workers DNS lists, each answering its /metrics
+    got = subprocess.run(["datacache", "get", "runtimes", "-o", "json"], env=env_b, capture_output=True, timeout=60)
+    assert got.returncode == 0, got.stderr.decode()
+    runtime_status = json.loads(got.stdout)["items"][0]["status"]
+    assert (runtime_status["desiredWorkers"], runtime_status["readyWorkers"]) == (3, 3), runtime_status
+    assert processes_of(home_b) == []
 
 
 def test_daemonset_targets_identified_by_healthz(dns_cluster, module_home):
@@ -225,3 +345,17 @@ def test_dns_down_keeps_last_answer_then_clear_error(dns_cluster, module_home):
     finally:
         client.close()
         peers.close()
+
+
+def test_unknown_membership_kind_is_a_clear_error(monkeypatch):
+    """The one predicate: replicas >= 1 reads through external workers; a typo is a one-line error."""
+    _dataset, runtime = runtime_docs(NAME, [{"name": "local", "mountPoint": "/data"}],
+                                     [{"mediumtype": "SSD", "path": "cache", "quota": "1Mi"}], 1, "256Ki")
+    monkeypatch.setenv("DATACACHE_MEMBERSHIP", "dns")
+    assert supervisor.external_workers() and supervisor.distributed(runtime)
+    monkeypatch.setenv("DATACACHE_MEMBERSHIP", "embedded")
+    assert not supervisor.external_workers() and not supervisor.distributed(runtime)
+    monkeypatch.setenv("DATACACHE_MEMBERSHIP", "k8s")
+    with pytest.raises(ConfigError) as err:
+        supervisor.distributed(runtime)
+    assert str(err.value) == "environment: DATACACHE_MEMBERSHIP: 'k8s' is not a membership kind (set embedded or dns)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from datacache.control.embedded import Embedded
@@ -65,8 +66,8 @@ def test_warmup_and_reads_race_with_a_sync_that_overwrites_files(datacache_home,
                     continue
                 if got not in allowed[name]:
                     errors.append(f"{name}: bytes of neither version")
-        except Exception as err:  # reported below
-            errors.append(repr(err))
+        except Exception as err:  # reported below, with where it came from
+            errors.append(f"{err!r} at {traceback.format_exc(limit=-4)}")
         finally:
             client.close()
             plane.close()
@@ -77,7 +78,7 @@ def test_warmup_and_reads_race_with_a_sync_that_overwrites_files(datacache_home,
             while not stop.is_set():
                 plane.warmup("race", ["/"])
         except Exception as err:
-            errors.append(repr(err))
+            errors.append(f"{err!r} at {traceback.format_exc(limit=-4)}")
         finally:
             plane.close()
 

@@ -13,6 +13,7 @@ import pytest
 from datacache.cache import disk as disk_module
 from datacache.cache.disk import DiskTier
 from datacache.cluster.metrics import WorkerMetrics, parse
+from datacache.cluster.store import ServingDiskTier
 from fault_support import apply_dataset, read_all, sha
 
 BLOCK = 256 << 10
@@ -158,3 +159,49 @@ def test_read_only_cache_dir_marks_tier_unhealthy_and_reads_from_ufs(datacache_h
         subprocess.run(["umount", "-l", disk.path], check=False)
         client.close()
         plane.close()
+
+
+def test_cache_dir_unwritable_at_start_opens_unhealthy_and_reads_from_ufs(datacache_home, local_ufs, tmp_path,
+                                                                          monkeypatch, caplog):
+    if not HAVE_MOUNT:
+        pytest.skip("a read-only bind mount needs root and mount(8)")
+    ufs, files = local_ufs
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    subprocess.run(["mount", "--bind", str(ssd), str(ssd)], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(ssd)], check=True)
+    try:
+        plane, client = _open(datacache_home, ufs, str(ssd), "32Mi")  # opens: a slower read, no error
+        try:
+            disk = _disk(client)
+            assert not disk.healthy
+            warning = next(r.getMessage() for r in caplog.records if "cannot be used" in r.getMessage())
+            assert disk.path in warning and "fix: make" in warning and "tieredstore.levels[].path" in warning
+            for _ in range(2):  # every read right, every read from the UFS, nothing cached
+                for name in ("f00.bin", "f01.bin"):
+                    before = client.source.ufs_bytes
+                    assert sha(read_all(client, name)) == sha(files[name])
+                    assert client.source.ufs_bytes - before >= len(files[name])  # (read-ahead: more)
+            assert client.cached_bytes() == 0 and list(disk.keys()) == []
+            # Made writable: after the recheck delay (0 here) the directory is opened and fills cache.
+            subprocess.run(["umount", "-l", str(ssd)], check=True)
+            monkeypatch.setattr(disk_module, "RECHECK_S", 0.0)
+            assert sha(read_all(client, "f02.bin")) == sha(files["f02.bin"])
+            assert disk.healthy and client.source.is_cached(client.stat("f02.bin"), 0)
+            assert bytes(disk.get(str(client.source.key(client.stat("f02.bin"), 0)))) == files["f02.bin"][:BLOCK]
+        finally:
+            client.close()
+            plane.close()
+    finally:
+        subprocess.run(["umount", "-l", str(ssd)], check=False)
+
+
+def test_worker_disk_tier_on_unwritable_dir_serves_nothing(tmp_path):
+    """A worker's tier whose directory cannot be made (a file in the way) holds and hands out nothing."""
+    (tmp_path / "not-a-dir").write_bytes(b"x")
+    tier = ServingDiskTier(str(tmp_path / "not-a-dir" / "worker-0"), 1 << 20)
+    assert not tier.healthy and tier.used() == 0
+    assert tier.open_block("ds/0/0") is None and tier.get("ds/0/0") is None
+    assert not tier.put("ds/0/0", b"block") and "ds/0/0" not in tier
+    tier.discard("ds/0/0")
+    tier.close()

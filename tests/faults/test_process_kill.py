@@ -1,4 +1,5 @@
-"""kill -9 of a warmup (and of a FUSE daemon) at random moments, round after round: afterwards
+"""kill -9 of a warmup (24 rounds) and of a FUSE daemon (20) at random moments (workers: see
+test_worker_kill.py): afterwards
 every stored block verifies and equals the source, blocks cached before a kill are kept, the state
 database and the manifest are intact, and a final run completes with every file right (sha256)."""
 
@@ -23,6 +24,7 @@ from fuse_support import HAVE_FUSE, SKIP_REASON, daemon_pid, force_cleanup, is_l
 
 BLOCK = 64 << 10
 ROUNDS = 24
+FUSE_ROUNDS = 20  # each round mounts afresh (a daemon start: ~1-3 s)
 
 
 @pytest.fixture
@@ -139,7 +141,7 @@ def test_fuse_daemon_killed_during_reads(crash_ds, tmp_path):
 
     Env.home = home
     try:
-        for rnd in range(4):
+        for rnd in range(FUSE_ROUNDS):
             mount(Env, mp)  # over the dead mount of the previous round: replaced (case C11)
             pid = daemon_pid(home, mp)
             deadline = time.monotonic() + rng.uniform(0.1, 0.8)

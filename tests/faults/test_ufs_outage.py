@@ -7,7 +7,7 @@ import errno
 
 import pytest
 
-from datacache.errors import ResourceError, UFSUnavailableError
+from datacache.errors import ConfigError, UFSUnavailableError
 from datacache.ufs.retry import DEFAULT_POLICY
 from fault_support import apply_dataset, apply_proxied, read_all, s3_mount, sha, timed
 
@@ -48,8 +48,37 @@ def test_outage_cached_reads_uncached_fails_then_recovers(client, proxy, objects
     assert sha(read_all(client, "cached.bin")) == want_cached
 
 
-def test_a_timeout_that_is_not_a_number_is_a_clear_error(datacache_home, moto_secrets, fault_moto, proxy):
+@pytest.mark.parametrize("options, problem", [
+    ({"read_timeout": "ten"}, r"options\.read_timeout: expected a number of seconds above 0 to 3600, got 'ten'"),
+    ({"retries": -1}, r"options\.retries: expected an integer from 0 to 20, got -1"),
+    ({"retries": 2.5}, r"options\.retries: expected an integer from 0 to 20, got 2\.5"),
+    ({"retry_max_backoff": "0"}, r"options\.retry_max_backoff: expected a number of seconds above 0 to 300, got 0"),
+])
+def test_bad_timeout_or_retry_option_is_a_located_error(datacache_home, fault_moto, proxy, options, problem):
     mount = s3_mount(fault_moto, "any-bucket")
-    mount["options"] = {"endpoint_url": proxy.endpoint_url, "read_timeout": "ten"}
-    with pytest.raises(ResourceError, match=r"spec.mounts\[0\]: cannot open mountPoint .*'ten'"):
-        apply_dataset(datacache_home, "badtimeout", [mount]).open_dataset("badtimeout")
+    mount["options"] = {"endpoint_url": proxy.endpoint_url, **options}
+    with pytest.raises(ConfigError, match=r"spec\.mounts\[0\]\." + problem) as info:
+        apply_dataset(datacache_home, "badoption", [mount])
+    assert "\n" not in str(info.value)  # one line: one problem
+
+
+def test_retries_and_backoff_cap_are_mount_options(datacache_home, moto_secrets, fault_moto, proxy, bucket_of,
+                                                   objects):
+    """``retries: 4`` makes 5 tries, ``retry_max_backoff: 0.1`` caps each wait at 0.1 s (+ jitter)."""
+    mount = s3_mount(fault_moto, bucket_of(objects))
+    mount["options"] = {"endpoint_url": proxy.endpoint_url, "retries": 4, "retry_max_backoff": 0.1,
+                        "connect_timeout": 1, "read_timeout": 2}
+    plane = apply_dataset(datacache_home, "retryopts", [mount])
+    client = plane.open_dataset("retryopts")
+    try:
+        proxy.set_mode("503")
+        before = proxy.object_gets("cold-0.bin")
+        err, took = timed(lambda: read_all(client, "cold-0.bin"))
+        assert isinstance(err, UFSUnavailableError), repr(err)
+        assert proxy.object_gets("cold-0.bin") - before == 5
+        assert 4 * 0.1 <= took < 4 * 0.2 + 2, f"{took:.2f} s for 4 capped waits"
+        proxy.set_mode("pass")
+        assert sha(read_all(client, "cold-0.bin")) == sha(objects["cold-0.bin"])
+    finally:
+        client.close()
+        plane.close()

@@ -180,10 +180,12 @@ def test_mount_refuses_max_read(fuse_env, mountpoint):
 
 
 def test_mount_of_unknown_dataset_fails_cleanly(fuse_env, mountpoint):
-    r = cli("mount", "no-such-dataset", mountpoint, "--background", "--timeout", "30", home=fuse_env.home)
-    assert r.returncode == 1
-    assert "no-such-dataset" in r.stderr and "not found" in r.stderr
-    assert not is_listed(mountpoint)
+    for extra in (["--background", "--timeout", "30"], []):  # refused before any daemon starts
+        r = cli("mount", "no-such-dataset", mountpoint, *extra, home=fuse_env.home)
+        assert r.returncode == 1
+        assert r.stderr.strip() == ("Error: dataset default/no-such-dataset not found: apply it first "
+                                    "(datacache apply -f FILE); see 'datacache get datasets'")
+        assert not is_listed(mountpoint)
 
 
 def test_unmount_of_a_plain_directory_is_an_error(fuse_env, mountpoint):

@@ -68,3 +68,12 @@ def test_hpa_without_runtime_is_one_clear_error():
     with pytest.raises(helm.HelmError) as err:
         _render({"hpa": {"enabled": True}})
     assert "hpa.runtime: set the CacheRuntime's name" in str(err.value)
+
+
+def test_cluster_domain_reaches_the_operator():
+    def domain(values):
+        deployment = next(o for o in _render(values) if o["kind"] == "Deployment")
+        env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        return env["DATACACHE_CLUSTER_DOMAIN"]
+    assert domain({}) == "cluster.local"
+    assert domain({"operator": {"clusterDomain": "corp.example"}}) == "corp.example"

@@ -138,7 +138,7 @@ def test_secrets_reach_pods_only_as_files_and_references():
         assert "t0ken" not in text
         for container in (obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []):
             for env in container["env"]:
-                assert "value" not in env or env["name"] in ("DATACACHE_HOME", "DATACACHE_MEMBERSHIP")
+                assert "value" not in env or env["name"] in ("DATACACHE_HOME", "DATACACHE_MEMBERSHIP", "DATACACHE_CLUSTER_DOMAIN")
             assert {"name": "secret-0", "mountPath": f"{HOME}/secrets/s3-creds", "readOnly": True} in container["volumeMounts"]
     dataset, runtime, _ = _load()
     volumes, _ = manifests.secret_volumes(dataset)
@@ -152,7 +152,8 @@ def test_config_map_holds_resources_that_load_back():
     loaded = load_resources("resources.yaml", cm["data"]["resources.yaml"])
     assert [r.kind for r in loaded] == ["Dataset", "CacheRuntime"]
     assert loaded[0] == dataset
-    assert loaded[1].spec.replicas == 1  # the pod's own plane starts no workers
+    # the real count: with DNS membership the pod's plane reads through the workers, starts none
+    assert loaded[1].spec.replicas == runtime.spec.replicas and loaded[1].spec.autoscale is None
     assert loaded[1].spec.tieredstore == runtime.spec.tieredstore
 
 
@@ -185,7 +186,7 @@ def test_worker_index_and_address_come_from_the_pod():
     dataset, runtime, _ = _load()
     sts = manifests.worker_workload(dataset, runtime, _owner(runtime), Settings())
     args = _expanded_args(sts, POD_NAME="imagenet-worker-7", NODE_NAME="gpu-node-3")
-    assert args["--index"] == "7" and args["--advertise"] == "imagenet-worker-7.imagenet-worker.ml.svc"
+    assert args["--index"] == "7" and args["--advertise"] == "imagenet-worker-7.imagenet-worker.ml.svc.cluster.local"
     ds = manifests.worker_workload(dataset, runtime, _owner(runtime), Settings(worker_kind="DaemonSet"))
     indexes = {node: _expanded_args(ds, POD_NAME="imagenet-worker-x2x9q", NODE_NAME=node)["--index"]
                for node in ("gpu-node-1", "gpu-node-2")}
@@ -211,5 +212,27 @@ def test_cron_dataload_is_a_cronjob_and_on_event_is_refused():
     on_event = dataload.model_copy(update={"spec": dataload.spec.model_copy(update={"policy": "OnEvent"})})
     with pytest.raises(ValueError) as err:
         manifests.dataload_job(on_event, dataset, runtime, _owner(dataload), Settings())
-    assert str(err.value) == ("DataLoad ml/warm: spec.policy: OnEvent is not run on Kubernetes yet (the operator "
-                              "does not see manifest changes): use Once or Cron")
+    assert str(err.value) == ("DataLoad ml/warm: spec.policy: OnEvent is not run on Kubernetes (no pod keeps the "
+                              "previous manifest, so no sync sees added or changed files): use Cron (a CronJob "
+                              "warming the targets on a schedule) or Once")
+
+
+def test_cluster_domain_reaches_every_pod(monkeypatch):
+    monkeypatch.setenv("DATACACHE_CLUSTER_DOMAIN", "corp.example.")
+    settings = Settings.from_env()
+    assert settings.cluster_domain == "corp.example"
+    dataset, runtime, dataload = _load()
+    sts = manifests.worker_workload(dataset, runtime, _owner(runtime), settings)
+    job = manifests.dataload_job(dataload, dataset, runtime, _owner(dataload), settings)
+    for pod in (sts["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert (env["DATACACHE_MEMBERSHIP"], env["DATACACHE_CLUSTER_DOMAIN"]) == ("dns", "corp.example")
+    args = _expanded_args(sts, POD_NAME="imagenet-worker-2", NODE_NAME="n")
+    assert args["--advertise"] == "imagenet-worker-2.imagenet-worker.ml.svc.corp.example"
+    # the name a pod's DNS membership asks for, under that domain
+    assert srv_name("ml", "imagenet", env["DATACACHE_CLUSTER_DOMAIN"]) == "_http._tcp.imagenet-worker.ml.svc.corp.example."
+    monkeypatch.setenv("DATACACHE_CLUSTER_DOMAIN", "Corp_Example")
+    with pytest.raises(ValueError) as err:
+        Settings.from_env()
+    assert str(err.value) == ("DATACACHE_CLUSTER_DOMAIN='Corp_Example': not a DNS domain (e.g. cluster.local); "
+                              "set the chart's operator.clusterDomain to the kubelet's --cluster-domain")

@@ -37,7 +37,10 @@ def _start_worker(pod_command, conf_dir, home, ordinal, token):
     """Run the StatefulSet container's command for pod ``imagenet-worker-<ordinal>``, listening
     on 127.0.0.<ordinal + 2> instead of 0.0.0.0 (all pods share one port)."""
     script = pod_command[2].replace(CONFIG_DIR, str(conf_dir)).replace("--host 0.0.0.0", f"--host 127.0.0.{ordinal + 2}")
-    env = dict(os.environ, DATACACHE_HOME=str(home), DATACACHE_WORKER_TOKEN=token,
+    # the operator's pod environment (DNS membership: the pod's plane starts no workers of its own);
+    # no DNS server here, so a closed loopback port: peer lookups fail fast and find no peers
+    env = dict(os.environ, DATACACHE_HOME=str(home), DATACACHE_WORKER_TOKEN=token, DATACACHE_MEMBERSHIP="dns",
+               DATACACHE_DNS_NAMESERVER=f"127.0.0.1:{_free_port()}",
                POD_NAME=f"imagenet-worker-{ordinal}", PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
     home.mkdir(mode=0o700)
     return subprocess.Popen(["sh", "-c", script], env=env, start_new_session=True,

@@ -4,6 +4,8 @@ mount read-only with HostToContainer, only the sidecar is privileged, nothing ex
 from __future__ import annotations
 
 import copy
+import os
+import re
 
 import pytest
 import yaml
@@ -82,7 +84,8 @@ def test_sidecar_injected_into_multi_container_non_root_pod():
     assert volumes["datacache-secret-0"]["secret"]["secretName"] == "s3-creds"
     # encryptOptions reach the sidecar only, as files; no env value carries a secret
     assert not any("secret" in m["name"] for c in spec["containers"] for m in c["volumeMounts"])
-    assert all("valueFrom" in e or e["name"] in ("DATACACHE_HOME", "DATACACHE_MEMBERSHIP") for e in sidecar["env"])
+    assert all("valueFrom" in e or e["name"] in ("DATACACHE_HOME", "DATACACHE_MEMBERSHIP", "DATACACHE_CLUSTER_DOMAIN")
+               for e in sidecar["env"])
     # existing anti-affinity kept, preferred affinity to the runtime's worker nodes added
     assert spec["affinity"]["podAntiAffinity"] == pod["spec"]["affinity"]["podAntiAffinity"]
     (term,) = spec["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -122,3 +125,16 @@ def test_unusable_pods_get_one_clear_error(change, message):
     with pytest.raises(webhook.InjectionError) as err:
         webhook.inject(pod, dataset, runtime, Settings())
     assert str(err.value).startswith(message)
+
+
+def test_readme_training_pod_gets_its_mount():
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        text = re.search(r"```yaml\n# train-pod.yaml\n(.*?)```", f.read(), re.S).group(1)
+    pod = yaml.safe_load(text)
+    validate(pod)
+    mutated = _mutate(pod)
+    validate(mutated)
+    (train,) = mutated["spec"]["containers"]
+    assert train["volumeMounts"][-1]["mountPath"] == "/data/imagenet" and train["volumeMounts"][-1]["readOnly"] is True
+    assert [c["name"] for c in mutated["spec"]["initContainers"]] == [webhook.SIDECAR]

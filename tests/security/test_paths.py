@@ -6,6 +6,8 @@ of a file beside the dataset."""
 from __future__ import annotations
 
 import errno
+import hashlib
+import os
 
 import fsspec
 import pytest
@@ -76,3 +78,46 @@ def test_cli_arguments_stay_inside(plane, path, datacache_home):
         assert b"Traceback" not in out
         if result.exit_code:
             assert b"error: " in out or b"Error: " in out, (args, out)  # one line, no traceback
+
+
+def test_symlinks_in_a_local_ufs_are_not_followed(datacache_home, tmp_path):
+    """The mount root is a boundary: a symlink in a local UFS is neither listed nor read (as rclone
+    without --links/--copy-links), so a hostile link cannot reach $DATACACHE_HOME, the cache
+    directory or anything beside the mount; a link loop cannot make a sync walk forever."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "ok.txt").write_bytes(INSIDE)
+    (tmp_path / "outside.txt").write_bytes(SECRET)
+    home, cache = str(datacache_home), str(tmp_path / "cache")
+    p = apply_dataset(home, "links", [{"name": "local", "mountPoint": str(src)}],
+                      [{"mediumtype": "SSD", "path": cache, "quota": "64Mi"}])
+    try:
+        client = p.open_dataset("links")
+        with client.open("ok.txt") as f:
+            f.read()  # a block in the cache directory now
+        client.close()
+        targets = {"home": home, "state": next(os.path.join(r, n) for r, _, ns in os.walk(home) for n in ns),
+                   "cachedir": cache, "block": next(os.path.join(r, n) for r, _, ns in os.walk(cache)
+                                                    for n in ns if n.endswith(".val")),
+                   "beside.txt": str(tmp_path / "outside.txt"), "inner.txt": str(src / "ok.txt"),
+                   "loop": str(src), "sub/up": ".."}
+        for name, target in targets.items():
+            os.symlink(target, src / name)
+        p.sync("links")
+        client = p.open_dataset("links")
+        fs = fsspec.filesystem("datacache", skip_instance_cache=True)
+        try:
+            assert sorted(e.path for e in p.load_manifest(p.get("Dataset", "links"))) == ["ok.txt"]
+            for name in targets:
+                for path in (name, f"{name}/state.db", f"{name}/outside.txt", f"{name}/ok.txt"):
+                    with pytest.raises(FileNotFoundError):
+                        client.open(path)
+                    with pytest.raises(FileNotFoundError):
+                        fs.cat_file(f"datacache://links/{path}")
+            with client.open("ok.txt") as f:
+                assert hashlib.sha256(f.read()).hexdigest() == hashlib.sha256(INSIDE).hexdigest()
+        finally:
+            client.close()
+            fs.clear_instance_cache()
+    finally:
+        p.close()

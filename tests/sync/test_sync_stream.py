@@ -11,6 +11,7 @@ import pytest
 
 from datacache.cli.data import _sync_progress
 from datacache.control import sync
+from datacache.control.syncmark import MANIFEST_LOCK_FILE
 from datacache.control.sync import DIFF_FILE, sync_manifest
 from datacache.errors import ResourceError
 from datacache.manifest import FileEntry, Manifest
@@ -49,7 +50,7 @@ def test_unsorted_listing_is_sorted_deduplicated_and_diffed(tmp_path, small_runs
     assert diff.counts == (5000, 0, 0) and diff.added == sorted(paths)
     assert progress == sorted(progress) and progress[-1] == 5001 and len(progress) == -(-5001 // 64)
     assert os.stat(target).st_mode & 0o777 == 0o600
-    assert sorted(os.listdir(tmp_path)) == [DIFF_FILE, "manifest.parquet"]  # temporary runs are gone
+    assert sorted(os.listdir(tmp_path)) == [DIFF_FILE, MANIFEST_LOCK_FILE, "manifest.parquet"]  # temporary runs are gone
 
     # Second sync: 100 changed, 50 deleted, 25 added.
     gone, changed = set(paths[:50]), set(paths[50:150])
@@ -78,7 +79,7 @@ def test_a_failing_listing_leaves_the_stored_manifest(tmp_path):
     with pytest.raises(ResourceError, match="cannot list the mountPoint: boom"):
         sync_manifest(broken(), target)
     assert open(target, "rb").read() == before
-    assert sorted(os.listdir(tmp_path)) == [DIFF_FILE, "manifest.parquet"]
+    assert sorted(os.listdir(tmp_path)) == [DIFF_FILE, MANIFEST_LOCK_FILE, "manifest.parquet"]
 
 
 def test_empty_listing_gives_an_empty_manifest(tmp_path):

@@ -1,0 +1,79 @@
+"""The SSD tier's hit path: a read writes nothing to the index (its access time is batched), yet LRU
+eviction still sees it; a block file lost under the index is refetched and stored again; a whole
+small file comes back through ``datacache://`` byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+
+import fsspec
+
+from datacache.cache.blocks import checksum
+from datacache.cache.disk import DiskTier
+from support import apply_dataset
+
+BLOCK = 256 << 10
+
+
+def _access_times(path: str) -> dict[str, float]:
+    with sqlite3.connect(os.path.join(path, "cache.db")) as con:
+        return dict(con.execute("SELECT key, access_time FROM Cache"))
+
+
+def test_a_hit_writes_no_index_row_until_flushed_and_still_counts_for_lru(tmp_path):
+    tier = DiskTier(str(tmp_path / "ssd"), 4 * BLOCK, high=0.95, low=0.75)
+    data = {k: os.urandom(BLOCK) for k in ("ds/a/0", "ds/b/0", "ds/c/0")}
+    try:
+        for key, value in data.items():
+            assert tier.put(key, value)
+        before = _access_times(tier.path)
+        got = tier.get("ds/a/0")
+        assert checksum(got) == checksum(data["ds/a/0"])
+        assert _access_times(tier.path) == before  # no write transaction per read
+        # The next put passes the high watermark: eviction flushes the pending access first, so
+        # a (read last) stays and the two least recently used blocks go.
+        assert tier.put("ds/d/0", os.urandom(BLOCK))
+        after = _access_times(tier.path)
+        assert after["ds/a/0"] > before["ds/a/0"]
+        assert "ds/a/0" in tier and "ds/b/0" not in tier and "ds/c/0" not in tier and "ds/d/0" in tier
+        assert tier.flush_accesses() == 0  # nothing left pending
+    finally:
+        tier.close()
+
+
+def test_a_lost_block_file_is_a_miss_and_is_stored_again(tmp_path):
+    tier = DiskTier(str(tmp_path / "ssd"), 16 * BLOCK)
+    value = os.urandom(BLOCK)
+    try:
+        assert tier.put("ds/a/0", value)
+        os.unlink(tier.block_file("ds/a/0"))
+        assert tier.get("ds/a/0") is None
+        assert tier.healthy and "ds/a/0" not in tier  # its index row went with the file
+        assert tier.put("ds/a/0", value)
+        assert hashlib.sha256(tier.get("ds/a/0")).digest() == hashlib.sha256(value).digest()
+    finally:
+        tier.close()
+
+
+def test_whole_small_files_read_back_exactly(datacache_home, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {f"f{i}.jpg": os.urandom(100_000 + i) for i in range(5)}
+    for name, value in files.items():
+        (src / name).write_bytes(value)
+    plane = apply_dataset(datacache_home, "small", [{"name": "local", "mountPoint": str(src)}])
+    fs = fsspec.filesystem("datacache", home=str(plane.home), skip_instance_cache=True)
+    try:
+        for _ in range(2):  # a fill, then hits from the SSD tier
+            for name, value in files.items():
+                assert hashlib.sha256(fs.cat_file(f"small/{name}")).digest() == hashlib.sha256(value).digest()
+                with fs.open(f"small/{name}", "rb") as f:
+                    assert f.read() == value and f.read() == b""
+                assert fs.cat_file(f"small/{name}", start=10, end=20) == value[10:20]
+        client = fs._client("small")
+        hits, misses = client.source.hit_counts()
+        assert (hits, misses) == (2 * 3 * len(files) - len(files), len(files))  # 3 opens a pass
+    finally:
+        fs.close()
