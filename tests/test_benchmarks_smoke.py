@@ -277,16 +277,11 @@ def test_peer_benchmark_reports_a_missing_system_as_not_installed(monkeypatch):
 def test_peer_benchmark_rejects_bad_arguments(capsys):
     from benchmarks.__main__ import parse_args
 
-    with pytest.raises(SystemExit):
-        parse_args(["--systems", "rclone,local"])
-    assert "--systems must start with 'local'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        parse_args(["--systems", "local,nfs"])
-    assert "unknown ['nfs']" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        parse_args(["--files", "0"])
-    assert "--files must be >= 1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        parse_args(["--sources", "s3,ftp"])
-    assert "--sources: s3,ftp (known: s3,http)" in capsys.readouterr().err
+    for argv, message in [(["--systems", "rclone,local"], "--systems must start with 'local'"),
+                          (["--systems", "local,nfs"], "unknown ['nfs']"),
+                          (["--files", "0"], "--files must be >= 1"),
+                          (["--sources", "s3,ftp"], "--sources: s3,ftp (known: s3,http)")]:
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err, argv
     assert parse_args(["--quick"]).sources == ("s3",)
