@@ -9,7 +9,8 @@ COPY datacache datacache
 COPY fuse fuse
 COPY runtimes runtimes
 COPY operator operator
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[fuse,sftp,operator]'
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[fuse,sftp,operator]' \
+    && rm /wheels/pyfuse3-*.whl && python fuse/build_pyfuse3.py --wheel-dir /wheels
 
 FROM python:3.11-slim-bookworm
 # fuse3: fusermount3 and /etc/fuse.conf for the sidecar's allow_other mount

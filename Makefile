@@ -49,10 +49,12 @@ system:
 venv: system $(STAMP)
 
 # torch==2.13.0 is the CPU build this machine type carries on disk (for the DataLoader test); an
-# unpinned torch would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml | system
+# unpinned torch would pull a multi-GB CUDA build. fuse/build_pyfuse3.py then rebuilds pyfuse3
+# with the one-line read patch that lets the FUSE daemon use the kernel's no-open mode.
+$(STAMP): pyproject.toml fuse/build_pyfuse3.py | system
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -e '.[dev]' 'torch==2.13.0'
+	$(VENV)/bin/python fuse/build_pyfuse3.py
 	touch $@
 
 demo: venv

@@ -60,9 +60,13 @@ def _check_dataset(home: str, dataset: str, namespace: str) -> None:
 @click.option("--debug", is_flag=True, help="Log every FUSE request (to the log file and stderr).")
 @click.option("--allow-nonempty", is_flag=True,
               help="Mount over a directory that has entries (they are hidden while mounted).")
+@click.option("--open-handles", is_flag=True,
+              help="Answer every open with a file handle (an OPEN and a RELEASE request per file) "
+                   "instead of the kernel's no-open mode; the only mode with stock pyfuse3.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="With --background: seconds to wait for the mount to answer.")
-def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, allow_nonempty, timeout):
+def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, allow_nonempty, open_handles,
+          timeout):
     """Mount DATASET read-only at MOUNTPOINT through FUSE.
 
     Runs in the foreground until unmounted (Ctrl-C or 'datacache unmount MOUNTPOINT'), unless
@@ -81,7 +85,8 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
             if state is MountState.NONE and not allow_nonempty:
                 check_empty(mountpoint)  # here too: the daemon's refusal would only reach its log
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
-                               debug=debug, restart=restart, allow_nonempty=allow_nonempty)
+                               debug=debug, restart=restart, allow_nonempty=allow_nonempty,
+                               open_handles=open_handles)
             pid = start_background(argv, mountpoint, logfile, timeout)
             what = "supervisor" if restart else "daemon"
             click.echo(f"mounted {namespace}/{dataset} at {mountpoint} ({what} pid {pid}, log {logfile})")
@@ -90,11 +95,11 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
 
             setup_logging(logfile, debug=debug)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                               allow_nonempty=allow_nonempty)
+                               allow_nonempty=allow_nonempty, open_handles=open_handles)
             raise SystemExit(supervise(argv, mountpoint))
         else:
             serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                  allow_nonempty=allow_nonempty)
+                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None)
     except _user_errors() as err:
         raise click.ClickException(str(err)) from None
 

@@ -213,12 +213,14 @@ def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0, allow_nonemp
 
 def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,
           options: Iterable[str] = (), debug: bool = False, stderr: bool = True,
-          read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS, allow_nonempty: bool = False) -> None:
+          read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS, allow_nonempty: bool = False,
+          no_open: bool | None = None) -> None:
     """Mount ``namespace/dataset`` at ``mountpoint`` and serve it until unmounted or signalled.
 
     Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
     mount options; ``read_ahead_kib``: the bdi read-ahead (KiB, 0 leaves the kernel's default);
-    ``workers``: threads for blocking reads; ``allow_nonempty``: mount over a directory with entries.
+    ``workers``: threads for blocking reads; ``allow_nonempty``: mount over a directory with entries;
+    ``no_open``: the kernel's no-open mode (None: when pyfuse3 supports it, see ``ops``).
     Raises ``datacache.errors.ResourceError`` (no such
     dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
     e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
@@ -251,7 +253,7 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
                 log.info("read-ahead window of %s: %s KiB", mountpoint, got)
 
         ops = DatacacheOperations(client, attr_timeout=fuse_spec.attr_timeout, workers=workers,
-                                  on_init=after_init)
+                                  on_init=after_init, no_open=no_open)
         pyfuse3.asyncio.enable()
         try:
             pyfuse3.init(ops, mountpoint, opts)
@@ -265,7 +267,8 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
             _write_state(state_file, {"pid": os.getpid(), "dataset": dataset, "namespace": namespace,
                                       "mountpoint": mountpoint, "log": logfile,
                                       "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-            log.info("mounted %s/%s at %s with options %s", namespace, dataset, mountpoint, ",".join(sorted(opts)))
+            log.info("mounted %s/%s at %s with options %s (%s)", namespace, dataset, mountpoint, ",".join(sorted(opts)),
+                     "no-open mode" if ops.no_open else "a file handle per open")
             signalled = asyncio.run(_main_loop(workers))
             top = mountinfo.mounted_at(mountpoint)
             if not signalled and top is not None and ours is not None and top.dev == ours.dev:

@@ -22,15 +22,23 @@ Rules, and why:
   missing (negative entries) but now exist (cases C3, C4). ``open`` of an inode whose version is no
   longer current answers ESTALE, which makes the kernel look the path up again and open the new
   inode; handles already open keep reading their version (or get ESTALE once it is gone).
-- **One Reader per open handle.** Each ``open`` gets its own ``DatasetFile`` (pinned to one
-  version, case C3) whose sequential detection drives read-ahead; reads of one handle are
-  serialised (a DatasetFile keeps a current block and is not thread-safe), reads of different
-  handles run in parallel in the pool. Read-ahead memory is one budget for the whole daemon (the
-  block source's ``MemoryBudget``), not per handle.
+- **No OPEN, no RELEASE (no-open mode).** With pyfuse3 built by ``fuse/build_pyfuse3.py``
+  (marker ``pyfuse3.READ_FH_ZERO_IS_INODE``), the first ``open`` answers ENOSYS: the kernel then
+  opens files without asking the daemon and keeps their page cache (fs/fuse/file.c, "Default for
+  no-open": ``FOPEN_KEEP_CACHE``), so a warm epoch over small files costs the daemon nothing. Reads
+  carry the inode in place of a file handle; an inode stands for one version, so the version pin
+  of case C3 holds. With stock pyfuse3, each ``open`` gets a handle and ``release`` drops it.
+- **One Reader per handle.** A handle (per ``open``, or per inode in no-open mode, at most
+  ``INODE_READERS`` kept, least recently read dropped first) has its own ``DatasetFile`` whose
+  sequential detection drives read-ahead; reads of one handle are serialised (a DatasetFile keeps
+  a current block and is not thread-safe), reads of different handles run in parallel in the
+  pool. Read-ahead memory is one budget for the whole daemon (the block source's
+  ``MemoryBudget``), not per handle.
 - **Few copies, few hops per request.** A read whose block the Reader holds in memory (the
   current block, or the next one it loaded ahead) is answered on the event loop, with a view of
   the block (pyfuse3 replies from any buffer), not a copy. ``flush`` answers ENOSYS once, after
-  which the kernel stops sending it: a warm small file costs two requests (open, release).
+  which the kernel stops sending it: without no-open mode a warm small file costs two requests
+  (open, release).
 - **Errors** go through :mod:`.errmap`: ENOENT for missing paths, EIO only for real read failures.
   A read that failed is not retried against the UFS for ``RETRY_WINDOW`` seconds when the kernel
   asks again for the same range (it retries a failed read-ahead page by page), so an outage costs
@@ -50,6 +58,7 @@ import os
 import posixpath
 import stat
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -71,6 +80,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
 RETRY_WINDOW = 2.0  # seconds a failed read range answers its errno again without a new UFS try
+INODE_READERS = 64  # no-open mode: per-inode Readers kept (their blocks count against the budget)
 
 
 @dataclass
@@ -87,14 +97,15 @@ class DatacacheOperations(pyfuse3.Operations):
     ``attr_timeout``: seconds the kernel may cache entries and attributes; ``workers``: threads
     for blocking calls (reads, xattrs, statfs); ``on_init``: called (no arguments, on the event
     loop) once the kernel's INIT request has been answered, e.g. to set the bdi read-ahead;
-    ``reload_interval``: seconds between two checks for a new stored manifest (None: never).
+    ``reload_interval``: seconds between two checks for a new stored manifest (None: never);
+    ``no_open``: use the kernel's no-open mode (None: when pyfuse3 has the read patch).
     """
 
     supports_dot_lookup = False
     enable_writeback_cache = False
 
     def __init__(self, client, *, attr_timeout: float = 60.0, workers: int = 32, on_init=None,
-                 reload_interval: float | None = 1.0):
+                 reload_interval: float | None = 1.0, no_open: bool | None = None):
         super().__init__()
         self.client = client
         self.attr_timeout = float(attr_timeout)
@@ -103,7 +114,11 @@ class DatacacheOperations(pyfuse3.Operations):
         self._on_init = on_init
         self._uid, self._gid = os.getuid(), os.getgid()
         self._mount_ns = time.time_ns()
-        self._files: dict[int, _Handle] = {}
+        self._files: dict[int, _Handle] = {}  # fh -> handle (opens answered with a handle)
+        if no_open is None:
+            no_open = bool(getattr(pyfuse3, "READ_FH_ZERO_IS_INODE", False))
+        self.no_open = no_open
+        self._readers: OrderedDict[int, _Handle] = OrderedDict()  # no-open mode: inode -> handle
         self._dirs: dict[int, tuple] = {}  # fh -> (dir path, [(name, FileEntry | None)])
         self._next_fh = 1
         self._reload_interval = reload_interval
@@ -142,9 +157,10 @@ class DatacacheOperations(pyfuse3.Operations):
 
     def close(self) -> None:
         """Close every open handle and stop the worker pool (after the main loop ended)."""
-        for handle in self._files.values():
+        for handle in (*self._files.values(), *self._readers.values()):
             handle.file.close()
         self._files.clear()
+        self._readers.clear()
         self._dirs.clear()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -224,6 +240,10 @@ class DatacacheOperations(pyfuse3.Operations):
     async def forget(self, inode_list):
         for inode, count in inode_list:
             self.inodes.forget(inode, count)
+            handle = self._readers.get(inode)
+            if handle is not None and inode not in self.inodes and not handle.lock.locked():
+                del self._readers[inode]
+                handle.file.close()
 
     @translated
     async def opendir(self, inode, ctx):
@@ -305,13 +325,34 @@ class DatacacheOperations(pyfuse3.Operations):
                 # change: ESTALE makes the kernel look the path up again (and open the new inode).
                 raise pyfuse3.FUSEError(errno.ESTALE)
             node.checked = generation
+        if self.no_open:
+            # The kernel stops sending OPEN and RELEASE for the rest of the session; reads carry
+            # the inode (see the module's docstring).
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         fh = self._new_fh()
         self._files[fh] = _Handle(self.client.open_entry(node.entry), inode)  # metadata only, no I/O
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
 
+    def _reader(self, inode: int) -> _Handle:
+        """No-open mode: the handle of ``inode``, made on its first read. At most
+        ``INODE_READERS`` are kept; the least recently read idle ones are closed first."""
+        handle = self._readers.get(inode)
+        if handle is not None:
+            self._readers.move_to_end(inode)
+            return handle
+        node = self.inodes.node(inode)
+        if node.entry is None:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        handle = self._readers[inode] = _Handle(self.client.open_entry(node.entry), inode)
+        excess = len(self._readers) - INODE_READERS
+        if excess > 0:
+            for old in [i for i, h in self._readers.items() if not h.lock.locked()][:excess]:
+                self._readers.pop(old).file.close()
+        return handle
+
     @translated
     async def read(self, fh, off, size):
-        handle = self._files.get(fh)
+        handle = self._reader(fh) if self.no_open else self._files.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         async with handle.lock:
