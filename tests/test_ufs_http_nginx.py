@@ -71,6 +71,46 @@ def test_http_mount_lists_versions_and_reads_exact_ranges(tmp_path):
         assert ns.stat("web", a.ufs_path).version != a.version
 
 
+def test_http_read_of_a_deleted_file_is_enoent_and_a_server_without_ranges_is_sliced(tmp_path):
+    import subprocess
+    import time
+    import urllib.request
+
+    src = tmp_path / "src"
+    files = _tree(src)
+    with NginxServer(str(src)) as web:
+        ns = _namespace(tmp_path, web.url)
+        b = next(e for e in ns.list_files() if e.path == "web/sub/b.bin")
+        (src / "sub" / "b.bin").unlink()
+        with pytest.raises(FileNotFoundError) as err:
+            ns.read("web", b.ufs_path, b.version, 0, 10)
+        assert err.value.errno == 2
+    # Python's http.server answers every GET with the whole file (200, no Range support).
+    from benchmarks.nginx import _free_port
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                             "--directory", str(src)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                urllib.request.urlopen(url + "/a.bin", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        (tmp_path / "plain").mkdir()
+        ns = _namespace(tmp_path / "plain", url)
+        a = next(e for e in ns.list_files() if e.path == "web/a.bin")
+        assert ns.read("web", a.ufs_path, a.version, 1000, 5000) == files["a.bin"][1000:5000]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_http_server_without_etag_versions_by_size_and_last_modified(tmp_path):
     src = tmp_path / "src"
     files = _tree(src)
