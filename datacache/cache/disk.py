@@ -67,7 +67,9 @@ class _PrivateDisk(diskcache.Disk):
         try:
             with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
                 if isinstance(iterator, io.BytesIO):  # one write: iterating a BytesIO yields "lines"
-                    return writer.write(iterator.getbuffer())
+                    # getvalue() hands back the bytes the BytesIO was made from; getbuffer() would
+                    # first copy them (a 4 MiB copy per block stored).
+                    return writer.write(iterator.getvalue())
                 size = 0
                 for chunk in iterator:
                     size += len(chunk)
