@@ -49,12 +49,13 @@ system:
 venv: system $(STAMP)
 
 # torch==2.13.0 is the CPU build this machine type carries on disk (for the DataLoader test); an
-# unpinned torch would pull a multi-GB CUDA build. fuse/build_pyfuse3.py then rebuilds pyfuse3
-# with the one-line read patch that lets the FUSE daemon use the kernel's no-open mode.
+# unpinned torch would pull a multi-GB CUDA build. fuse/build_pyfuse3.py first builds pyfuse3
+# with the one-line read patch that lets the FUSE daemon use the kernel's no-open mode (pip then
+# keeps it: it satisfies the fuse extra's pyfuse3 requirement).
 $(STAMP): pyproject.toml fuse/build_pyfuse3.py | system
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -e '.[dev]' 'torch==2.13.0'
 	$(VENV)/bin/python fuse/build_pyfuse3.py
+	$(VENV)/bin/python -m pip install -e '.[dev]' 'torch==2.13.0'
 	touch $@
 
 demo: venv

@@ -84,7 +84,8 @@ def main(argv=None) -> int:
         if args.wheel_dir:
             subprocess.run(pip + ["wheel", "--quiet", "--no-deps", "--wheel-dir", args.wheel_dir, str(tree)], check=True)
         else:
-            subprocess.run(pip + ["install", "--quiet", "--no-deps", "--force-reinstall", str(tree)], check=True)
+            subprocess.run(pip + ["install", "--quiet", "--force-reinstall", "--no-deps", str(tree)], check=True)
+            subprocess.run(pip + ["install", "--quiet", "pyfuse3==" + VERSION], check=True)  # its dependencies (trio)
     print(f"build_pyfuse3: built pyfuse3 {VERSION} with the read patch")
     return 0
 
