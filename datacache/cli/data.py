@@ -17,7 +17,9 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
 
 from datacache.api.quantity import format_bytes
 from datacache.cli.resources import home_option, namespace_option
+from datacache.api.loader import load_resources, to_document
 from datacache.control.embedded import Embedded
+from datacache.control.state import StateStore, default_home
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -92,13 +94,46 @@ def warmup(dataset, paths, quiet, namespace, home):
 
 @click.command()
 @click.argument("dataset")
+@click.option("-f", "--filename", "files", multiple=True, type=click.Path(dir_okay=False),
+              help="Store the resources in these YAML files (the Dataset, its runtime) first, without "
+                   "the sync 'apply' would run, so this sync diffs against the stored manifest.")
+@click.option("--report-status", type=click.Choice(["kubernetes"]), default=None,
+              help="Also write ufsTotal, fileNum and the cache figures into the Dataset's status through "
+                   "the Kubernetes API and mark the OnEvent DataLoads whose targets changed (the "
+                   "operator's sync Job runs this; needs in-cluster credentials or KUBECONFIG).")
 @namespace_option
 @home_option
-def sync(dataset, namespace, home):
+def sync(dataset, files, report_status, namespace, home):
     """Re-list DATASET's mounts: a new manifest; changed files get new versions."""
-    diff = Embedded(home).sync(dataset, namespace, on_progress=_sync_progress(dataset))
+    if files:
+        _store_without_sync(home or default_home(), [res for f in files for res in load_resources(f)])
+    plane = Embedded(home)
+    diff = plane.sync(dataset, namespace, on_progress=_sync_progress(dataset))
     added, changed, deleted = diff.counts  # true counts: a huge diff keeps only its first paths in memory
     click.echo(f"dataset.datacache.io/{dataset} synced: {added} added, {changed} changed, {deleted} deleted")
+    if report_status == "kubernetes":
+        try:
+            from datacache.control.kubestatus import report
+        except ImportError as err:
+            raise click.ClickException(f"--report-status kubernetes needs the 'operator' extra ({err}): "
+                                       "pip install 'datacache[operator]'") from None
+        for name in report(plane, dataset, namespace, diff):
+            click.echo(f"dataload.datacache.io/{name} marked: its targets changed")
+        click.echo(f"dataset.datacache.io/{dataset} status reported")
+
+
+def _store_without_sync(home: str, resources: list) -> None:
+    """Store ``resources`` (models) in the state under ``home`` as they are, without the sync that
+    ``apply`` runs for a new Dataset: the operator's sync Job starts from a fresh home each time,
+    and its one sync must diff the manifest kept on its claim, not one made a moment earlier."""
+    state = StateStore(home)
+    try:
+        for res in resources:
+            doc = to_document(res)
+            doc.pop("status", None)
+            state.put(doc)
+    finally:
+        state.close()
 
 
 def _sync_progress(dataset: str, every_s: float = 2.0):

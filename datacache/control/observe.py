@@ -9,7 +9,7 @@ Needs no UFS access, so status never needs the UFS credentials.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from datacache.cache.blocks import block_count, file_id
 from datacache.manifest import Manifest
@@ -17,21 +17,30 @@ from datacache.manifest import Manifest
 _BATCH_ROWS = 65536  # manifest rows turned into Python values at a time
 
 
-def cached_bytes(manifest: Manifest, stored: set[str], dataset: str, block_size: int) -> int:
-    """Bytes of ``manifest``'s current-version blocks whose keys (``str(BlockKey)``) are in
-    ``stored``; the last block of a file counts its real, shorter length. Reads the manifest's
-    columns batch by batch (no per-row objects): about 1 s per million files."""
-    if not stored:
-        return 0
-    total = 0
+def current_blocks(manifest: Manifest, dataset: str, block_size: int) -> Iterator[tuple[list[str], list[int]]]:
+    """``(keys, lengths)`` of ``manifest``'s current-version blocks (``str(BlockKey)``, bytes; a
+    file's last block its real, shorter length), one list pair per batch of manifest rows, read
+    column-wise (no per-row objects)."""
     for batch in manifest.table.select(["mount", "ufs_path", "version", "size"]).to_batches(_BATCH_ROWS):
+        keys: list[str] = []
+        lengths: list[int] = []
         mounts, paths, versions, sizes = (col.to_pylist() for col in batch.columns)
         for mount, path, version, size in zip(mounts, paths, versions, sizes):
             prefix = f"{dataset}/{file_id(mount, path, version, block_size)}/"
             for i in range(block_count(size, block_size)):
-                if prefix + str(i) in stored:
-                    total += min(block_size, size - i * block_size)
-    return total
+                keys.append(prefix + str(i))
+                lengths.append(min(block_size, size - i * block_size))
+        yield keys, lengths
+
+
+def cached_bytes(manifest: Manifest, stored: set[str], dataset: str, block_size: int) -> int:
+    """Bytes of ``manifest``'s current-version blocks whose keys (``str(BlockKey)``) are in
+    ``stored``; the last block of a file counts its real, shorter length. About 1 s per million
+    files."""
+    if not stored:
+        return 0
+    return sum(length for keys, lengths in current_blocks(manifest, dataset, block_size)
+               for key, length in zip(keys, lengths) if key in stored)
 
 
 def store_keys(store) -> Iterable[str]:

@@ -2,7 +2,9 @@
 status. Run: ``kopf run -m datacache_operator.handlers --all-namespaces``.
 
 CacheRuntimes and ThinRuntimes go through one reconcile (:func:`reconcile_runtime`); a Dataset
-binds to its CacheRuntime, else its ThinRuntime, of the same name, as in embedded mode.
+binds to its CacheRuntime, else its ThinRuntime, of the same name, as in embedded mode, and then
+gets its metadata sync Job (:mod:`.syncjob`), which writes the Dataset's figures and marks the
+OnEvent DataLoads whose targets changed; a mark starts that DataLoad's warmup Job.
 
 "Not ready yet" (no Dataset for a runtime, workers still starting, a Job still running) is a
 ``kopf.TemporaryError`` with a delay: kopf retries later, the resource does not fail. A wrong spec
@@ -21,9 +23,10 @@ from lightkube import AsyncClient
 from datacache.api.crds import GROUP, VERSION
 from datacache.api.models import RUNTIME_PLUGIN_GROUP, plugin_schemes
 from datacache.control import autoscale, reconcile
+from datacache.control.kubestatus import SYNC_EVENT_ANNOTATION
 from datacache.errors import ConfigError
 
-from . import kube, manifests, observe, webhook
+from . import kube, manifests, observe, syncjob, webhook
 from .resources import from_body
 from .settings import Settings
 
@@ -179,31 +182,63 @@ async def runtime_autoscale(body: Any, patch: kopf.Patch, memo: kopf.Memo, **_: 
         kopf.event(body, type="Normal", reason="Scaled", message=decision.reason)
 
 
+async def _run_sync(client: AsyncClient, dataset: Any, runtime: Any, body: Any) -> dict[str, Any] | None:
+    """Ensure the Dataset's sync ServiceAccount, RoleBinding and manifest claim, and start a new
+    sync Job when one is due (:func:`.syncjob.sync_due`); returns the current Job (None: not
+    created yet)."""
+    namespace = dataset.metadata.namespace
+    await kube.ensure(client, syncjob.service_account(dataset, body))
+    await kube.ensure(client, syncjob.role_binding(dataset, body, SETTINGS))
+    await kube.ensure(client, syncjob.metadata_claim(dataset, body, SETTINGS), replace=False)
+    name = syncjob.names(dataset)["job"]
+    job = await kube.get_or_none(client, "Job", name, namespace)
+    generation = body["metadata"].get("generation") or 1
+    if not syncjob.sync_due(job, generation, dataset.spec.auto_sync_interval, time.time()):
+        return job
+    if job is not None:  # a Job's pod template is immutable: the next run is a new Job
+        await kube.delete(client, "Job", name, namespace)
+    await kube.ensure(client, syncjob.sync_job(dataset, runtime, body, SETTINGS, generation), replace=False)
+    return await kube.get_or_none(client, "Job", name, namespace)
+
+
 @_reconciled("datasets", timer_id="dataset_status")
 async def dataset_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
-    """Dataset status: NotBound without a CacheRuntime (or ThinRuntime) of the same name, Pending
-    until a worker (which syncs the manifest when it starts) is ready, then Bound."""
+    """Dataset status: NotBound without a CacheRuntime (or ThinRuntime) of the same name. Once
+    bound, its metadata sync Job runs (:mod:`.syncjob`; again on a spec change and every
+    ``spec.autoSyncInterval`` seconds): the Dataset is Updating while it runs, Failed (saying where
+    the logs are) when it failed, Pending until a sync reported the manifest, then Bound. The
+    figures (ufsTotal, fileNum, cacheStates) are the sync Job's to write
+    (:mod:`datacache.control.kubestatus`), never the operator's."""
     dataset = _load(body)
     client = AsyncClient()
     try:
         runtime = await _runtime_body(client, dataset.metadata.name, dataset.metadata.namespace)
+        job = None if runtime is None else await _run_sync(client, dataset, _load(runtime), body)
     finally:
         await client.close()
-    runtime_status = (runtime or {}).get("status") or {}
-    obs = reconcile.DatasetObservation(bound=runtime is not None, synced=bool(runtime_status.get("readyWorkers")))
-    status = reconcile.dataset_status(obs)
-    # The manifest's totals are known to the workers, not to the operator: show no made-up numbers.
+    updating, sync_error = syncjob.sync_state(job)
+    reported = (body.get("status") or {}).get("fileNum") is not None
+    status = reconcile.dataset_status(reconcile.DatasetObservation(
+        bound=runtime is not None, synced=reported, updating=updating, sync_error=sync_error))
     for key in ("ufsTotal", "fileNum", "cacheStates"):
         status.pop(key)
     patch.status.update(status)
 
 
+@kopf.on.update(GROUP, VERSION, "dataloads", field=("metadata", "annotations", SYNC_EVENT_ANNOTATION),
+                id="dataload_sync_event")
 @_reconciled("dataloads", timer_id="dataload_status")
 async def dataload_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
-    """Start the DataLoad's Job (policy Once) or CronJob (policy Cron), then follow it; a running
-    Once load is a TemporaryError until its Job completes or fails."""
+    """Start the DataLoad's Job (policy Once), CronJob (policy Cron) or, policy OnEvent, a Job for
+    each metadata sync that marked it (annotation ``datacache.io/sync-event``, set by the Dataset's
+    sync Job when its diff touched the targets; a run still going finishes first), then follow it;
+    a running Job is a TemporaryError until it completes or fails."""
     dataload = _load(body)
-    ds = dataload.spec.dataset
+    ds, namespace = dataload.spec.dataset, dataload.metadata.namespace
+    event = dataload.metadata.annotations.get(SYNC_EVENT_ANNOTATION, "") if dataload.spec.policy == "OnEvent" else ""
+    if dataload.spec.policy == "OnEvent" and not event:
+        patch.status["phase"] = "Pending"  # until a sync finds added or changed files under the targets
+        return
     client = AsyncClient()
     try:
         dataset = await _dataset_for(client, ds.name, ds.namespace)
@@ -211,14 +246,12 @@ async def dataload_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
         if runtime_body is None:
             raise kopf.TemporaryError(f"CacheRuntime (or ThinRuntime) {ds.namespace}/{ds.name} not found yet",
                                       delay=RETRY_S)
-        try:
-            job = manifests.dataload_job(dataload, dataset, _load(runtime_body), body, SETTINGS)
-        except ValueError as err:
-            kopf.event(body, type="Warning", reason="InvalidSpec", message=str(err))
-            raise kopf.PermanentError(str(err)) from None
+        job = manifests.dataload_job(dataload, dataset, _load(runtime_body), body, SETTINGS, event)
+        if event:
+            await _replace_event_job(client, job)
         # a Job's pod template is immutable; a CronJob follows spec changes
         await kube.ensure(client, job, replace=job["kind"] == "CronJob")
-        observed = await kube.get_or_none(client, job["kind"], job["metadata"]["name"], dataload.metadata.namespace)
+        observed = await kube.get_or_none(client, job["kind"], job["metadata"]["name"], namespace)
     finally:
         await client.close()
     if job["kind"] == "CronJob":
@@ -228,6 +261,20 @@ async def dataload_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
     patch.status["phase"] = phase
     if phase in ("Pending", "Executing"):
         raise kopf.TemporaryError(f"DataLoad Job {job['metadata']['name']} is {phase}", delay=RETRY_S)
+
+
+async def _replace_event_job(client: AsyncClient, job: dict[str, Any]) -> None:
+    """Delete the finished Job of an earlier sync event so that ``job`` (for a newer one) can be
+    created; raises TemporaryError while that earlier run is still going."""
+    meta = job["metadata"]
+    current = await kube.get_or_none(client, "Job", meta["name"], meta["namespace"])
+    ran = ((current or {}).get("metadata", {}).get("annotations") or {}).get(SYNC_EVENT_ANNOTATION)
+    if current is None or ran == meta["annotations"][SYNC_EVENT_ANNOTATION]:
+        return
+    if manifests.job_phase(current.get("status")) in ("Pending", "Executing"):
+        raise kopf.TemporaryError(f"DataLoad Job {meta['name']} of an earlier sync is still running: the run for "
+                                  "the newer sync starts after it", delay=RETRY_S)
+    await kube.delete(client, "Job", meta["name"], meta["namespace"])
 
 
 @kopf.on.mutate("pods", labels={manifests.DATASET_LABEL: kopf.PRESENT}, operations={"CREATE"}, id="fuse-sidecar")

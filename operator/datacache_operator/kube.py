@@ -1,7 +1,8 @@
 """The few API calls the operator makes, through lightkube's async client.
 
 Children are created, or merge-patched when they exist (so a changed spec reaches them); the
-worker token Secret is only ever created, never replaced (a new token would lock clients out).
+worker token Secret is only ever created, never replaced (a new token would lock clients out); a
+finished Job (a Dataset's sync, an OnEvent warmup) is deleted before its next run is created.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from lightkube.resources.apps_v1 import DaemonSet, StatefulSet
 from lightkube.resources.batch_v1 import CronJob, Job
 from lightkube.resources.core_v1 import Pod
-from lightkube.types import PatchType
+from lightkube.types import CascadeType, PatchType
 
 from datacache.api.crds import CLUSTER_SCOPED, GROUP, PLURALS, VERSION
 
@@ -61,6 +62,17 @@ async def get_or_none(client: AsyncClient, kind: str, name: str, namespace: str 
 
 
 _BUILTIN = {"StatefulSet": StatefulSet, "DaemonSet": DaemonSet, "Job": Job, "CronJob": CronJob}
+
+
+async def delete(client: AsyncClient, kind: str, name: str, namespace: str) -> None:
+    """Delete ``kind`` ``name`` (a kind :func:`get_or_none` knows), its dependents (a Job's pods)
+    in the background; one already gone is not an error."""
+    try:
+        await client.delete(CUSTOM.get(kind) or _BUILTIN[kind], name, namespace=namespace,
+                            cascade=CascadeType.BACKGROUND)
+    except HTTPStatusError as err:
+        if _code(err) != 404:
+            raise
 
 
 async def pod_ips(client: AsyncClient, namespace: str, selector: dict[str, str]) -> list[tuple[str, str]]:

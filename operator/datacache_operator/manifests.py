@@ -8,7 +8,9 @@ replica, ``--index`` from the pod's ordinal) or a DaemonSet (one worker per node
 whose ``replicas`` is 0 or 1, always gets a StatefulSet). A ThinRuntime's workers open its UFS
 through the profile's plugin or FUSE command, as embedded does; a FUSE command needs /dev/fuse and
 mount privileges, so those workers (and only those) run privileged. A DataLoad
-becomes Job ``NAME-dataload`` running ``datacache warmup``. Every child carries an ownerReference
+becomes Job ``NAME-dataload`` running ``datacache warmup`` (a CronJob for policy Cron; for policy
+OnEvent, a Job per metadata sync that touched its targets). A Dataset's metadata sync is in
+:mod:`.syncjob`. Every child carries an ownerReference
 to its resource, so deleting the resource deletes them (Kubernetes' garbage collector).
 
 Tiered-store volumes, per level: MEM lives in the worker's memory (its quota is added to the
@@ -28,6 +30,7 @@ from typing import Any, Mapping
 from datacache.api.loader import to_yaml
 from datacache.api.models import CacheRuntime, DataLoad, Dataset, ThinRuntimeProfile
 from datacache.cluster.discovery import PORT_NAME, service_name
+from datacache.control.kubestatus import SYNC_EVENT_ANNOTATION
 
 from .settings import CONFIG_DIR, HOME, WORKER_PORT, Settings
 
@@ -46,7 +49,8 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
-def _meta(name: str, namespace: str, labels: dict[str, str], owner: Mapping[str, Any]) -> dict[str, Any]:
+def child_meta(name: str, namespace: str, labels: dict[str, str], owner: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata`` of a child object named ``name``, owned by API object ``owner``."""
     return {"name": name, "namespace": namespace, "labels": labels,
             "ownerReferences": [owner_reference(owner)]}
 
@@ -78,14 +82,14 @@ def config_map(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any]
     local = runtime.model_copy(update={"spec": runtime.spec.model_copy(update={"autoscale": None})})
     name = runtime.metadata.name
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(f"{name}-config", runtime.metadata.namespace, worker_labels(runtime), owner),
+            "metadata": child_meta(f"{name}-config", runtime.metadata.namespace, worker_labels(runtime), owner),
             "data": {"resources.yaml": to_yaml([*([profile] if profile else []), dataset, local])}}
 
 
 def token_secret(runtime: CacheRuntime, token: str, owner: Mapping[str, Any]) -> dict[str, Any]:
     """Secret ``NAME-worker-token`` holding the workers' bearer ``token`` (created once)."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": _meta(f"{runtime.metadata.name}-worker-token", runtime.metadata.namespace,
+            "metadata": child_meta(f"{runtime.metadata.name}-worker-token", runtime.metadata.namespace,
                               worker_labels(runtime), owner),
             "stringData": {"token": token}}
 
@@ -96,7 +100,7 @@ def headless_service(runtime: CacheRuntime, owner: Mapping[str, Any]) -> dict[st
     (:mod:`datacache.cluster.discovery`)."""
     port = worker_port(runtime)
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _meta(service_name(runtime.metadata.name), runtime.metadata.namespace,
+            "metadata": child_meta(service_name(runtime.metadata.name), runtime.metadata.namespace,
                               worker_labels(runtime), owner),
             "spec": {"clusterIP": "None", "selector": worker_labels(runtime), "publishNotReadyAddresses": False,
                      "ports": [{"name": PORT_NAME, "port": port, "targetPort": port}]}}
@@ -161,7 +165,7 @@ def fuse_device(settings: Settings, volume: str) -> tuple[list[dict], dict[str, 
             {"volumeMounts": [{"name": volume, "mountPath": "/dev/fuse"}]})
 
 
-def _shell(*commands: list[str]) -> list[str]:
+def shell(*commands: list[str]) -> list[str]:
     """``sh -c`` running the argv lists in order (each quoted), the last one exec'd."""
     quoted = [" ".join(arg if arg.startswith('"$') else shlex.quote(arg) for arg in argv) for argv in commands]
     return ["sh", "-c", " && ".join(quoted[:-1] + ["exec " + quoted[-1]])]
@@ -171,8 +175,9 @@ def _apply() -> list[str]:
     return ["datacache", "apply", "-f", posixpath.join(CONFIG_DIR, "resources.yaml")]
 
 
-_RESTRICTED = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-               "capabilities": {"drop": ["ALL"]}}
+RESTRICTED = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+              "capabilities": {"drop": ["ALL"]}}
+"""securityContext of every non-privileged datacache container (the Pod Security "restricted" level)."""
 
 
 def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any], settings: Settings,
@@ -213,12 +218,12 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
     container = {
         "name": "worker",
         "image": settings.image,
-        "command": _shell(_apply(), serve),
+        "command": shell(_apply(), serve),
         "env": pod_env(runtime, settings),
         "ports": [{"name": PORT_NAME, "containerPort": port}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
         "resources": {"requests": {"memory": str(memory)}},
-        "securityContext": _RESTRICTED,
+        "securityContext": RESTRICTED,
         "volumeMounts": mounts + secret_mounts,
     }
     if profile is not None and profile.spec.fuse is not None:
@@ -240,40 +245,46 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
     if stateful:
         spec.update(serviceName=service_name(name), replicas=runtime.spec.replicas, podManagementPolicy="Parallel")
     return {"apiVersion": "apps/v1", "kind": kind,
-            "metadata": _meta(f"{name}-worker", namespace, worker_labels(runtime), owner), "spec": spec}
+            "metadata": child_meta(f"{name}-worker", namespace, worker_labels(runtime), owner), "spec": spec}
+
+
+def job_spec(labels: dict[str, str], container: dict[str, Any], volumes: list[dict],
+             **pod_fields: Any) -> dict[str, Any]:
+    """A Job ``spec`` running ``container`` once as the image's non-root user (3 retries), its pod
+    labelled ``labels`` with ``volumes``; ``pod_fields`` are added to the pod spec
+    (``serviceAccountName``, ...)."""
+    return {"backoffLimit": 3, "template": {
+        "metadata": {"labels": labels},
+        "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes,
+                 "securityContext": {"runAsNonRoot": True, "runAsUser": _NON_ROOT, "fsGroup": _NON_ROOT},
+                 "enableServiceLinks": False, "automountServiceAccountToken": False, **pod_fields}}}
 
 
 def dataload_job(dataload: DataLoad, dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any],
-                 settings: Settings) -> dict[str, Any]:
+                 settings: Settings, event: str = "") -> dict[str, Any]:
     """``NAME-dataload`` running ``datacache warmup DATASET [PATH ...]`` (3 retries): a Job for
-    policy Once, a CronJob on ``spec.schedule`` for policy Cron (one run at a time). Raises
-    ``ValueError`` for policy OnEvent: embedded runs it from a metadata sync's diff against the
-    previous manifest (:meth:`datacache.control.embedded.Embedded.run_on_event`), but on Kubernetes
-    every pod lists the UFS afresh into its own emptyDir, so no sync has a previous manifest to diff."""
+    policy Once, a CronJob on ``spec.schedule`` for policy Cron (one run at a time). Policy OnEvent:
+    a Job for the metadata sync ``event`` (annotation :data:`SYNC_EVENT_ANNOTATION`, the time the
+    Dataset's sync Job found added or changed files under the targets, see :mod:`.syncjob`),
+    recorded on the Job so that the next event starts a new run."""
     name, namespace = dataload.metadata.name, dataload.metadata.namespace
-    policy = dataload.spec.policy
-    if policy == "OnEvent":
-        raise ValueError(f"DataLoad {namespace}/{name}: spec.policy: OnEvent is not run on Kubernetes (no pod "
-                         "keeps the previous manifest, so no sync sees added or changed files): use Cron "
-                         "(a CronJob warming the targets on a schedule) or Once")
     volumes, mounts = base_volumes(runtime)
     secret_vols, secret_mounts = secret_volumes(dataset)
     warmup = ["datacache", "warmup", dataset.metadata.name, *[t.path for t in dataload.spec.target],
               "-q", "-n", dataset.metadata.namespace]
     labels = {"app.kubernetes.io/name": "datacache", "app.kubernetes.io/component": "dataload",
               "datacache.io/dataload": name}
-    container = {"name": "warmup", "image": settings.image, "command": _shell(_apply(), warmup),
-                 "env": pod_env(runtime, settings), "securityContext": _RESTRICTED, "volumeMounts": mounts + secret_mounts}
-    job_spec = {"backoffLimit": 3, "template": {
-        "metadata": {"labels": labels},
-        "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes + secret_vols,
-                 "securityContext": {"runAsNonRoot": True, "runAsUser": _NON_ROOT}, "enableServiceLinks": False}}}
-    meta = _meta(f"{name}-dataload", namespace, labels, owner)
-    if policy == "Cron":
+    container = {"name": "warmup", "image": settings.image, "command": shell(_apply(), warmup),
+                 "env": pod_env(runtime, settings), "securityContext": RESTRICTED, "volumeMounts": mounts + secret_mounts}
+    spec = job_spec(labels, container, volumes + secret_vols)
+    meta = child_meta(f"{name}-dataload", namespace, labels, owner)
+    if dataload.spec.policy == "Cron":
         return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta, "spec": {
             "schedule": dataload.spec.schedule, "concurrencyPolicy": "Forbid",
-            "jobTemplate": {"metadata": {"labels": labels}, "spec": job_spec}}}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+            "jobTemplate": {"metadata": {"labels": labels}, "spec": spec}}}
+    if event:
+        meta["annotations"] = {SYNC_EVENT_ANNOTATION: event}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
 
 def cron_status(cron_status: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -10,6 +10,11 @@ server (port ``DATACACHE_WEBHOOK_PORT``, default 9443); empty: no webhook server
 ``DATACACHE_STATUS_INTERVAL_S``: seconds between status refreshes and autoscale evaluations (30).
 ``DATACACHE_CLUSTER_DOMAIN``: the cluster's DNS domain (``cluster.local``), passed on to every
 datacache pod, whose DNS membership asks for ``_http._tcp.<runtime>-worker.<ns>.svc.<domain>``.
+``DATACACHE_SYNC_CLUSTER_ROLE``: the ClusterRole (from the chart) that each Dataset's metadata-sync
+ServiceAccount is bound to, in its own namespace only (``datacache-sync``).
+``DATACACHE_SYNC_VOLUME_SIZE`` / ``DATACACHE_SYNC_STORAGE_CLASS``: size (``1Gi``; a manifest takes
+about 100 bytes per file) and StorageClass (empty: the cluster's default) of the PersistentVolumeClaim
+keeping each Dataset's previous manifest between syncs.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ class Settings:
     """Seconds between two status refreshes (and autoscale evaluations) of a runtime."""
     cluster_domain: str = "cluster.local"
     """The cluster's DNS domain (kubelet ``--cluster-domain``)."""
+    sync_cluster_role: str = "datacache-sync"
+    """ClusterRole granted to metadata-sync pods through a RoleBinding in the Dataset's namespace."""
+    sync_volume_size: str = "1Gi"
+    """Size of each Dataset's manifest PersistentVolumeClaim (a Kubernetes quantity)."""
+    sync_storage_class: str = ""
+    """StorageClass of that claim; empty: the cluster's default StorageClass."""
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -60,4 +71,7 @@ class Settings:
                    webhook_port=int(os.environ.get("DATACACHE_WEBHOOK_PORT", "9443")),
                    retry_s=float(os.environ.get("DATACACHE_OPERATOR_RETRY_S", "10")),
                    status_interval_s=float(os.environ.get("DATACACHE_STATUS_INTERVAL_S", "30")),
-                   cluster_domain=domain)
+                   cluster_domain=domain,
+                   sync_cluster_role=os.environ.get("DATACACHE_SYNC_CLUSTER_ROLE", "datacache-sync"),
+                   sync_volume_size=os.environ.get("DATACACHE_SYNC_VOLUME_SIZE", "1Gi"),
+                   sync_storage_class=os.environ.get("DATACACHE_SYNC_STORAGE_CLASS", ""))

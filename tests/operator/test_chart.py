@@ -33,7 +33,7 @@ def test_every_rendered_object_is_valid():
     objects = _render({"metrics": {"serviceMonitor": {"enabled": True}},
                        "hpa": {"enabled": True, "runtime": "imagenet"}})
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "HorizontalPodAutoscaler",
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment", "HorizontalPodAutoscaler",
                      "MutatingWebhookConfiguration", "Secret", "Service", "ServiceAccount", "ServiceMonitor"]
     for obj in objects:
         if obj["kind"] != "ServiceMonitor":  # a Prometheus Operator CRD: not in the Kubernetes schemas
@@ -44,11 +44,34 @@ def test_every_rendered_object_is_valid():
 
 
 def test_rbac_never_reads_secrets():
-    role = next(o for o in _render({}) if o["kind"] == "ClusterRole")
-    for rule in role["rules"]:
-        if "secrets" in rule["resources"] or "*" in rule["resources"]:
-            assert rule["verbs"] == ["create"]
-        assert "*" not in rule["verbs"]
+    roles = [o for o in _render({}) if o["kind"] == "ClusterRole"]
+    assert len(roles) == 2
+    for role in roles:
+        for rule in role["rules"]:
+            if "secrets" in rule["resources"] or "*" in rule["resources"]:
+                assert rule["verbs"] == ["create"]
+            assert "*" not in rule["verbs"]
+
+
+def test_sync_pods_get_least_privilege_in_their_namespace():
+    """The sync pods' ClusterRole: the Dataset's status and the DataLoads, nothing else; the
+    operator binds it (RoleBindings: one namespace each) and may bind no other role."""
+    objects = _render({"sync": {"volumeSize": "5Gi", "storageClass": "fast-ssd"}})
+    roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
+    assert roles["dc-datacache-sync"]["rules"] == [
+        {"apiGroups": ["datacache.io"], "resources": ["datasets/status"], "verbs": ["get", "patch"]},
+        {"apiGroups": ["datacache.io"], "resources": ["dataloads"], "verbs": ["get", "list", "patch"]}]
+    operator_rules = roles["dc-datacache"]["rules"]
+    assert {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"],
+            "resourceNames": ["dc-datacache-sync"]} in operator_rules
+    assert not any("clusterrolebindings" in r["resources"] or "roles" in r["resources"] for r in operator_rules)
+    # no ClusterRoleBinding grants the sync role: it only ever applies through a namespace's RoleBinding
+    bindings = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    assert [b["roleRef"]["name"] for b in bindings] == ["dc-datacache"]
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert (env["DATACACHE_SYNC_CLUSTER_ROLE"], env["DATACACHE_SYNC_VOLUME_SIZE"], env["DATACACHE_SYNC_STORAGE_CLASS"]) == (
+        "dc-datacache-sync", "5Gi", "fast-ssd")
 
 
 def test_webhook_certificate_matches_ca_bundle():

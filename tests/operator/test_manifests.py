@@ -197,7 +197,7 @@ def test_worker_index_and_address_come_from_the_pod():
     assert len(set(indexes.values())) == 2
 
 
-def test_cron_dataload_is_a_cronjob_and_on_event_is_refused():
+def test_cron_dataload_is_a_cronjob_and_on_event_a_job_per_sync_event():
     dataset, runtime, dataload = _load()
     cron = dataload.model_copy(update={"spec": dataload.spec.model_copy(update={"policy": "Cron", "schedule": "0 3 * * *"})})
     cronjob = manifests.dataload_job(cron, dataset, runtime, _owner(dataload), Settings())
@@ -210,11 +210,12 @@ def test_cron_dataload_is_a_cronjob_and_on_event_is_refused():
         "phase": "Executing", "lastScheduleTime": "2026-11-29T03:00:00Z"}
     assert manifests.cron_status(None) == {"phase": "Pending"}
     on_event = dataload.model_copy(update={"spec": dataload.spec.model_copy(update={"policy": "OnEvent"})})
-    with pytest.raises(ValueError) as err:
-        manifests.dataload_job(on_event, dataset, runtime, _owner(dataload), Settings())
-    assert str(err.value) == ("DataLoad ml/warm: spec.policy: OnEvent is not run on Kubernetes (no pod keeps the "
-                              "previous manifest, so no sync sees added or changed files): use Cron (a CronJob "
-                              "warming the targets on a schedule) or Once")
+    event_job = manifests.dataload_job(on_event, dataset, runtime, _owner(dataload), Settings(), "2026-11-29T10:00:00Z")
+    validate(event_job)
+    assert event_job["kind"] == "Job" and event_job["spec"] == job["spec"]
+    assert event_job["metadata"]["annotations"] == {"datacache.io/sync-event": "2026-11-29T10:00:00Z"}
+    # warmup pods never talk to the API server: no ServiceAccount token in them
+    assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
 def test_cluster_domain_reaches_every_pod(monkeypatch):

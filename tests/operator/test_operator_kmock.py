@@ -93,6 +93,16 @@ def operator_registry():
     return registry
 
 
+def run_operator():
+    """The operator as deployed (the handlers module, watching namespace NS) under kopf's
+    KopfRunner, with a fresh registry built from this test's environment."""
+    registry = operator_registry()
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = True  # kmock 0.8 cannot list cluster-scoped core resources (namespaces)
+    return KopfRunner(["run", "--standalone", "--namespace", NS, "-m", "datacache_operator.handlers"],
+                      settings=settings, registry=registry, timeout=60)
+
+
 def _resource(kind, name, spec, uid=None):
     return {"apiVersion": "datacache.io/v1alpha1", "kind": kind,
             "metadata": {"name": name, "namespace": NS, "uid": uid or UID[kind], "resourceVersion": "1",
@@ -157,11 +167,7 @@ def test_operator_create_status_delete(cluster):
     kmock.objects[f"{crs}/dataloads", NS, "warm"] = _resource("DataLoad", "warm", {
         "dataset": {"name": "imagenet", "namespace": NS}, "target": [{"path": "/train"}]})
 
-    registry = operator_registry()
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True  # kmock 0.8 cannot list cluster-scoped core resources (namespaces)
-    with KopfRunner(["run", "--standalone", "--namespace", NS, "-m", "datacache_operator.handlers"],
-                    settings=settings, registry=registry, timeout=60) as runner:
+    with run_operator() as runner:
         # CacheRuntime: children created, owned, valid; status says no worker is ready yet
         sts = _wait(lambda: _get(kmock, "apps/v1/statefulsets", "imagenet-worker"))
         children = [sts, _get(kmock, "v1/services", "imagenet-worker"), _get(kmock, "v1/configmaps", "imagenet-config"),

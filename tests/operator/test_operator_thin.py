@@ -1,20 +1,21 @@
 """ThinRuntime on Kubernetes: the operator reconciles it on the CacheRuntime's path (ConfigMap with
 the profile, token, headless Service, worker StatefulSet, status); the worker pod's own command
 reads the UFS through the profile's plugin (a real worker process, a real entry point); a missing
-profile or plugin is phase Failed with the reason, and recovers once the profile exists."""
+profile or plugin is phase Failed with the reason, and recovers once the profile exists. An OnEvent
+DataLoad waits for a metadata sync's mark, then runs one warmup Job per mark."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import signal
 import time
+import urllib.request
 
-import kopf
 import pytest
 import yaml
-from kopf.testing import KopfRunner
 
 from datacache.api.loader import load_resources
 from datacache.cluster.client import WorkerClient
@@ -22,7 +23,7 @@ from datacache.control.embedded import Embedded
 from datacache_operator import manifests
 from datacache_operator.settings import Settings
 from operator_schemas import validate
-from test_operator_kmock import NS, _get, _resource, _wait, cluster, operator_registry  # noqa: F401  (the fixture)
+from test_operator_kmock import NS, _get, _resource, _wait, cluster, run_operator  # noqa: F401  (the fixture)
 from test_operator_workers import _free_port, _metrics, _start_worker
 
 CRS = "datacache.io/v1alpha1"
@@ -38,6 +39,15 @@ class TeamFS(DirFileSystem):
 def open_teamfs(url, options, secret_files):
     return TeamFS(path=options["root"], fs=LocalFileSystem())
 '''
+
+
+def _mark(kmock, event):
+    """What the Dataset's sync Job does to an OnEvent DataLoad whose targets changed: a merge patch
+    of its annotation through the API (so the operator's watch sees it)."""
+    request = urllib.request.Request(f"{kmock.url}/apis/{CRS}/namespaces/{NS}/dataloads/on-change", method="PATCH",
+                                     data=json.dumps({"metadata": {"annotations": {"datacache.io/sync-event": event}}}).encode(),
+                                     headers={"Content-Type": "application/merge-patch+json"})
+    urllib.request.urlopen(request, timeout=10).close()
 
 
 def _profile(plugin=None, fuse=None):
@@ -181,25 +191,39 @@ def test_operator_reconciles_a_thin_runtime(cluster):  # noqa: F811
             "dataset": {"name": "imagenet", "namespace": NS}, "target": [{"path": "/n01"}], "policy": policy},
             uid=f"22222222-0000-0000-0000-00000000000{uid}")
 
-    registry = operator_registry()
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True
-    with KopfRunner(["run", "--standalone", "--namespace", NS, "-m", "datacache_operator.handlers"],
-                    settings=settings, registry=registry, timeout=60) as runner:
-        # a DataLoad of a ThinRuntime's Dataset is a Job like any other; OnEvent is refused, saying why
+    with run_operator() as runner:
+        # a DataLoad of a ThinRuntime's Dataset is a Job like any other
         job = _wait(lambda: _get(kmock, "batch/v1/jobs", "warm-dataload"))
         validate(job)
         assert "exec datacache warmup imagenet /n01 -q -n ml" in job["spec"]["template"]["spec"]["containers"][0]["command"][2]
 
-        def on_event_refused():
-            """the Warning event about the OnEvent DataLoad"""
-            posted = [r.data for r in kmock[kmock.resource("v1/events")] if r.method == "POST"]
-            return [(e["type"], e["reason"], e["message"]) for e in posted if e["involvedObject"]["name"] == "on-change"]
-        assert _wait(on_event_refused)[0] == ("Warning", "InvalidSpec", (
-            "DataLoad ml/on-change: spec.policy: OnEvent is not run on Kubernetes (no pod keeps the previous "
-            "manifest, so no sync sees added or changed files): use Cron (a CronJob warming the targets on a "
-            "schedule) or Once"))
+        # OnEvent is accepted: Pending, and no Job, until a metadata sync's diff touches its targets
+        assert _wait(lambda: _get(kmock, f"{CRS}/dataloads", "on-change").get("status", {}).get("phase")) == "Pending"
         assert ("batch/v1/jobs", NS, "on-change-dataload") not in kmock.objects
+        # the Dataset's sync Job marks it (datacache sync --report-status kubernetes): a warmup Job runs
+        first, second = "2026-11-30T01:00:00Z", "2026-11-30T01:10:00Z"
+        _mark(kmock, first)
+        job = _wait(lambda: _get(kmock, "batch/v1/jobs", "on-change-dataload"))
+        validate(job)
+        assert job["metadata"]["annotations"] == {"datacache.io/sync-event": first}
+        assert job["spec"]["template"]["spec"]["containers"][0]["command"][2].endswith(
+            "exec datacache warmup imagenet /n01 -q -n ml")
+        kmock.objects["batch/v1/jobs", NS, "on-change-dataload"].patch({"status": {"active": 1}})
+        _wait(lambda: _get(kmock, f"{CRS}/dataloads", "on-change")["status"]["phase"] == "Executing")
+        # a newer sync while that run goes: the new run waits for it, then replaces its Job
+        _mark(kmock, second)
+        time.sleep(1.5)  # three retries of the handler
+        assert _get(kmock, "batch/v1/jobs", "on-change-dataload")["metadata"]["annotations"] == {
+            "datacache.io/sync-event": first}
+        kmock.objects["batch/v1/jobs", NS, "on-change-dataload"].patch({"status": {
+            "active": 0, "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}})
+
+        def second_run():
+            """the warmup Job of the second sync event"""
+            job = _get(kmock, "batch/v1/jobs", "on-change-dataload")
+            return job["metadata"]["annotations"]["datacache.io/sync-event"] == second and job
+        assert "status" not in _wait(second_run)  # a new Job, not the finished one
+        _wait(lambda: _get(kmock, f"{CRS}/dataloads", "on-change")["status"]["phase"] == "Pending")
 
         def failed(name):
             def check():

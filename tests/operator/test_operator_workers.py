@@ -11,17 +11,15 @@ import sys
 import time
 import urllib.request
 
-import kopf
 from prometheus_client.parser import text_string_to_metric_families
 import pytest
 import yaml
-from kopf.testing import KopfRunner
 
 from datacache.api.loader import load_resources
 from datacache.api.quantity import format_bytes
 from datacache_operator import manifests
 from datacache_operator.settings import CONFIG_DIR, Settings
-from test_operator_kmock import NS, UID, _get, _wait, cluster, operator_registry  # noqa: F401  (the fixture)
+from test_operator_kmock import NS, UID, _get, _wait, cluster, run_operator  # noqa: F401  (the fixture)
 
 QUOTA = 64 * 1024**2
 
@@ -120,12 +118,8 @@ def test_status_from_worker_metrics_and_autoscale(cluster, workers, monkeypatch)
             "spec": {"containers": [{"name": "worker", "image": "datacache:test"}]},
             "status": {"phase": "Running", "podIP": f"127.0.0.{i + 2}"}}
     monkeypatch.setenv("DATACACHE_STATUS_INTERVAL_S", "0.5")
-    registry = operator_registry()
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True
     seen = []
-    with KopfRunner(["run", "--standalone", "--namespace", NS, "-m", "datacache_operator.handlers"],
-                    settings=settings, registry=registry, timeout=60) as runner:
+    with run_operator() as runner:
         def status_from_workers():
             """the runtime's status counting both workers"""
             status = _get(kmock, f"{crs}/cacheruntimes", "imagenet").get("status", {})
