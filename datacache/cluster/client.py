@@ -186,6 +186,15 @@ class WorkerClient:
             wire.raise_error(result["error"], entry.path, where)
         return int(result.get("stored", 0)), int(result.get("ufs", 0))
 
+    async def drain(self, url: str, where: str, seconds: int) -> dict:
+        """Have the worker hand its blocks to their owners for at most ``seconds`` (it must be out
+        of placement already, ``Membership.drain``); its report: ``{"blocks", "moved", "left",
+        "stale", "seconds", "errors"}`` (see ``Peers.drain``)."""
+        status, _, body = await self._request("POST", url, "/v1/drain", where,
+                                              json={"dataset": self.dataset, "seconds": seconds})
+        self._check(status, body, where)
+        return _json_field(body, "drain", where)
+
     async def drop(self, url: str, where: str) -> int:
         """Delete every block of the dataset on the worker; returns how many."""
         status, _, body = await self._request("POST", url, "/v1/drop", where, json={"dataset": self.dataset})

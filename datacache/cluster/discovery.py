@@ -120,6 +120,11 @@ class DnsMembership:
             self._answers[(namespace, runtime)] = (now, now, found)
             return found
 
+    def draining(self, namespace: str, runtime: str) -> list[Member]:
+        """Workers being drained: none (a terminating pod leaves the Service at once; a preStop
+        drain is not built), for the same interface as ``Membership``."""
+        return []
+
     def _lookup(self, qname: str, runtime: str) -> list[Member]:
         try:
             answer = self._resolver.resolve(qname, "SRV")

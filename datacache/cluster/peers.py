@@ -2,7 +2,8 @@
 
 A block is not always on its HRW owner (see :mod:`.placement`): the owner was down when it was
 filled, or a worker joined and outranks the old owner, or the runtime was scaled out from one
-in-process cache that became ``worker-0``. Two mechanisms, both bounded, bring it back:
+in-process cache that became ``worker-0``. Two mechanisms, both bounded, bring it back, and a
+third empties a worker before a scale-in removes it:
 
 - **Read-repair.** On a miss the owner asks the other workers among the block's first
   ``LOOKUP_DEPTH`` candidates (``GET /v1/block?key=``, which never fills) before the UFS; a block
@@ -16,6 +17,12 @@ in-process cache that became ``worker-0``. Two mechanisms, both bounded, bring i
   holder drops its copy once the owner holds it, one ``HANDOFF_CHECK_S`` tick later (so a status
   count, which asks owner and holder at about the same time, sees the block on one side or the
   other while it moves). Each block then sits on its owner alone.
+- **Drain** (before a scale-in stops a worker). The control plane takes the worker out of the
+  members placement ranks (``Membership.drain``): reads and warmups go to the workers that stay,
+  whose read-repair also asks draining workers. Then the worker offers each of its blocks to its
+  new owner the same way (``POST /v1/pull``, checksums verified by the owner) and drops its copy
+  once the owner holds it, repeating until nothing is left or a deadline passes; it reports what
+  it could not move and why (:meth:`Peers.drain`).
 
 One replica per block is assumed here, as :func:`datacache.cluster.source.connect` places them.
 Peers are asked with the runtime's own token; their answers are verified by checksum.
@@ -34,9 +41,12 @@ from datacache.cluster.routing import Router
 
 log = logging.getLogger("datacache.worker")
 
-HANDOFF_BATCH = 256  # keys per pull request
+HANDOFF_BATCH = 256  # keys per pull request at most
+HANDOFF_BATCH_BYTES = 32 << 20  # and at most this many bytes of blocks: the owner answers within a peer timeout
 HANDOFF_CHECK_S = 1.0  # how often the live set is compared with the last pass's
 HANDOFF_PERIOD_S = 30.0  # a pass at least this often: blocks filled away from home meanwhile
+DRAIN_RETRY_S = 0.5  # pause between the passes of a drain
+DRAIN_SETTLE_S = 3.0  # peers refresh their view of the members every second (Router.refresh_s)
 
 
 class Peers:
@@ -48,9 +58,11 @@ class Peers:
         self.router = router
         self.client = client
         self._taken: list[str] = []  # blocks owners took: this worker's copies go at the next tick
+        self.draining = False
 
     def _others(self, key: str) -> list[Member]:
-        return [m for m in self.router.lookup(key) if m.worker_id != self.me]
+        """Where else ``key`` may be: its first candidates, then workers being drained."""
+        return [m for m in self.router.lookup(key) + self.router.draining() if m.worker_id != self.me]
 
     async def find(self, key: str) -> bytes | None:
         """Block ``key`` from the first other candidate holding it, or None."""
@@ -81,8 +93,9 @@ class Peers:
         return found
 
     async def pull_from(self, holder_id: str, key: str) -> bytes | None:
-        """Block ``key`` from live worker ``holder_id`` (None if it is not live or lacks it)."""
-        holder = next((m for m in self.router.healthy() if m.worker_id == holder_id), None)
+        """Block ``key`` from live (or draining) worker ``holder_id`` (None if it is neither or lacks
+        it)."""
+        holder = next((m for m in self.router.healthy() + self.router.draining() if m.worker_id == holder_id), None)
         return None if holder is None else await self._get(holder, key)
 
     def owns(self, key: str) -> bool:
@@ -97,27 +110,75 @@ class Peers:
         members = {m.worker_id: m for m in self.router.healthy()}
         if self.me not in members:
             return 0, False
+        taken, errors = await self._offer(keys, members)
+        self._taken += taken
+        return len(taken), not errors
+
+    async def drain(self, keys: list[str], discard, seconds: float) -> dict:
+        """Hand every one of ``keys`` (blocks this worker holds) to its owner among the other live
+        workers, this one being out of placement already (``Membership.drain``), and drop each copy
+        (``discard(key)``, in a thread) as soon as its owner holds it. Passes repeat every
+        ``DRAIN_RETRY_S`` seconds, as an owner whose view of the members is not refreshed yet
+        still ranks this worker first and refuses; they stop when no key is left, when ``seconds``
+        have passed, or when a pass moved nothing after ``DRAIN_SETTLE_S`` seconds (every view is
+        fresh by then: what is left, an owner that fails or refuses, stays left).
+
+        Returns ``{"blocks": len(keys), "moved": n, "left": n, "seconds": elapsed, "errors":
+        {owner id: "<n> blocks: <why>"}}`` (why the ``left`` ones were not moved)."""
+        self.draining = True
+        started = time.monotonic()
+        left: list[str] = list(keys)
+        errors: dict[str, str] = {}
+        members: dict[str, Member] = {}
+        while left:
+            members = {m.worker_id: m for m in self.router.members() if m.worker_id != self.me}
+            if not members:
+                break
+            taken, errors = await self._offer(left, members)
+            for key in taken:
+                await asyncio.to_thread(discard, key)
+            moved = set(taken)
+            left = [k for k in left if k not in moved]
+            elapsed = time.monotonic() - started
+            if not left or elapsed >= seconds or (not moved and elapsed >= DRAIN_SETTLE_S):
+                break
+            await asyncio.sleep(DRAIN_RETRY_S)
+        why: dict[str, int] = {}
+        for key in left:
+            owner = placement.owners(key, members)[0] if members else "*"
+            why[owner] = why.get(owner, 0) + 1
+        reasons = {o: f"{n} blocks: " + (errors.get(o) or ("no other live worker" if o == "*" else
+                                                          "refused (it could not store them, or does not rank itself "
+                                                          "their owner)")) for o, n in why.items()}
+        return {"blocks": len(keys), "moved": len(keys) - len(left), "left": len(left),
+                "seconds": round(time.monotonic() - started, 3), "errors": reasons}
+
+    async def _offer(self, keys: list[str], members: dict[str, Member]) -> tuple[list[str], dict[str, str]]:
+        """Ask the owner among ``members`` (id -> Member) of each of ``keys`` to pull it from this
+        worker (owners in parallel; at most ``HANDOFF_BATCH`` keys and ``HANDOFF_BATCH_BYTES`` a
+        request). Returns ``(keys their owners hold now, {owner id: error} for owners that failed)``."""
         by_owner: dict[str, list[str]] = {}
         for key in keys:
             owner = placement.owners(key, members)[0]
             if owner != self.me:
                 by_owner.setdefault(owner, []).append(key)
-        moved, complete = 0, True
-        for owner, mine in by_owner.items():
-            member = members[owner]
-            for start in range(0, len(mine), HANDOFF_BATCH):
-                batch = mine[start:start + HANDOFF_BATCH]
-                try:
-                    taken = await self.client.pull(member.url, owner, self.me, batch)
-                except (WorkerUnavailable, WorkerRejected) as err:
-                    self._failed(member, err)
-                    complete = False
-                    break
-                for key, ok in zip(batch, taken):
-                    if ok:
-                        self._taken.append(key)
-                        moved += 1
-        return moved, complete
+        results = await asyncio.gather(*(self._offer_to(members[o], ks) for o, ks in by_owner.items()))
+        taken = [key for keys_taken, _ in results for key in keys_taken]
+        return taken, {o: err for o, (_, err) in zip(by_owner, results) if err}
+
+    async def _offer_to(self, member: Member, keys: list[str]) -> tuple[list[str], str]:
+        """``(keys ``member`` holds now, its error or '')``; stops at its first failure."""
+        taken: list[str] = []
+        step = max(1, min(HANDOFF_BATCH, HANDOFF_BATCH_BYTES // self.client.block_size))
+        for start in range(0, len(keys), step):
+            batch = keys[start:start + step]
+            try:
+                held = await self.client.pull(member.url, member.worker_id, self.me, batch)
+            except (WorkerUnavailable, WorkerRejected) as err:
+                self._failed(member, err)
+                return taken, str(err)
+            taken += [key for key, ok in zip(batch, held) if ok]
+        return taken, ""
 
     async def run_handoff(self, list_keys, discard) -> None:
         """Forever: a hand-off pass (``list_keys()`` in a thread gives this worker's keys) when the
@@ -129,6 +190,8 @@ class Peers:
             taken, self._taken = self._taken, []
             for key in taken:
                 await asyncio.to_thread(discard, key)
+            if self.draining:  # :meth:`drain` moves everything now
+                continue
             live = frozenset((m.worker_id, m.pid) for m in self.router.members())
             if live == seen and time.monotonic() - last < HANDOFF_PERIOD_S:
                 continue

@@ -51,6 +51,7 @@ class Router:
         self.short_circuit = short_circuit
         self.node = node or socket.gethostname()
         self._members: list[Member] = []
+        self._draining: list[Member] = []
         self._fetched = float("-inf")
         self._suspects: dict[tuple[str, str], tuple[float, int]] = {}  # -> (until, failures in a row)
         self._tiers: dict[str, DiskTier | None] = {}
@@ -62,12 +63,19 @@ class Router:
             if time.monotonic() - self._fetched > self.refresh_s:
                 try:
                     self._members = self._membership.live(*self._runtime)
+                    self._draining = self._membership.draining(*self._runtime)
                 except OSError as err:
                     if self.strict:
                         raise
                     log.warning("%s: keeping the %d workers known before", err, len(self._members))
                 self._fetched = time.monotonic()
             return self._members
+
+    def draining(self) -> list[Member]:
+        """Workers being drained (out of placement, still serving their blocks), as of the last
+        refresh of :meth:`members`."""
+        self.members()
+        return self._draining
 
     def healthy(self) -> list[Member]:
         """Live workers not currently suspected."""

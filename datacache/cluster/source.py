@@ -21,7 +21,8 @@ bytes and blocks stored per worker, ``worker_failures()`` the last error of each
 ``is_cached`` asks, for every block of the file, the workers that may hold it (its owner and the
 next candidates, :func:`placement.lookup`), one batched query per worker, and keeps the answer for
 ``exists_ttl`` seconds: a block counts as cached wherever it really is among the places a read
-finds it (an owner that misses copies it from there, see :mod:`.peers`), so status and reads agree.
+finds it (an owner that misses copies it from there, see :mod:`.peers`; workers being drained
+are asked too), so status and reads agree.
 Read-ahead fetches the next blocks in the background (see :mod:`.readahead`).
 """
 
@@ -254,8 +255,9 @@ class ClusterBlockSource:
         """Per block of ``entry``: held by one of the workers a read would find it on."""
         keys = [str(self.key(entry, i)) for i in range(block_count(entry.size, self.block_size))]
         asks: dict[str, tuple[Member, list[int]]] = {}
+        draining = self.router.draining()  # their blocks are found too, by the owners' read-repair
         for i, key in enumerate(keys):
-            for member in self.router.lookup(key, self.replicas):
+            for member in self.router.lookup(key, self.replicas) + draining:
                 asks.setdefault(member.worker_id, (member, []))[1].append(i)
         answers = self._io.gather([self._client.exists(m.url, m.worker_id, [keys[i] for i in idx])
                                    for m, idx in asks.values()])

@@ -88,6 +88,11 @@ def parse_index(fields: dict, entry: FileEntry, block_size: int, name: str = "in
     return _int(fields, name, 0, max(block_count(entry.size, block_size) - 1, 0))
 
 
+def parse_seconds(fields: dict, name: str = "seconds", high: int = 86400) -> int:
+    """A whole number of seconds in ``[1, high]`` in ``fields[name]``."""
+    return _int(fields, name, 1, high)
+
+
 def parse_worker_id(fields: dict, name: str) -> str:
     """A worker id (``worker-<i>``) in ``fields[name]``."""
     value = fields.get(name)

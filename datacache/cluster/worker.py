@@ -15,6 +15,10 @@ Endpoints (all but ``/healthz`` and ``/metrics`` need ``Authorization: Bearer <t
 |                     | "ufs": bytes read from the UFS}`` or ``{"error": ...}``                       |
 | ``POST /v1/pull``   | ``{"dataset", "from", "keys"}``: copy blocks this worker owns from worker     |
 |                     | ``from`` (hand-off); ``{"held": [bool, ...]}``                                |
+| ``POST /v1/drain``  | ``{"dataset", "seconds"}``: hand every block of the dataset's current files   |
+|                     | to its owner among the other live workers, dropping the copies, for at most   |
+|                     | ``seconds`` (before a scale-in stops this worker, see :meth:`.Peers.drain`); |
+|                     | ``{"drain": {"blocks", "moved", "left", "stale", "seconds", "errors"}}``      |
 | ``POST /v1/drop``   | ``{"dataset"}``: delete every block of the dataset                            |
 | ``GET /healthz``    | ``{"worker", "dataset", "status": "ok"}``                                     |
 | ``GET /metrics``    | Prometheus text (see :mod:`.metrics`)                                         |
@@ -42,10 +46,11 @@ import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from aiohttp import web
 
-from datacache.cache.blocks import BlockKey, checksum
+from datacache.cache.blocks import BlockKey, checksum, file_id
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.memory import MemoryTier
 from datacache.cache.source import LocalBlockSource
@@ -71,10 +76,13 @@ SHUTDOWN_S = 2.0
 class Worker:
     """Serves blocks of ``dataset`` cut at ``block_size`` bytes from ``store``, filling from ``ufs``
     (a ``UnionNamespace``). ``token``: the bearer token; ``worker_id``: ``worker-<i>``; ``peers``:
-    the other workers (None: a worker alone, misses go straight to the UFS)."""
+    the other workers (None: a worker alone, misses go straight to the UFS); ``current_files``:
+    returns the file ids (:func:`~datacache.cache.blocks.file_id`) of the dataset's current
+    manifest, or None when unknown (a drain then moves blocks of every version)."""
 
     def __init__(self, dataset: str, block_size: int, store: TieredStore, ufs, token: str,
-                 worker_id: str = "worker-0", fill_threads: int = 16, peers: Peers | None = None):
+                 worker_id: str = "worker-0", fill_threads: int = 16, peers: Peers | None = None,
+                 current_files: Callable[[], set[str] | None] = lambda: None):
         self.dataset = dataset
         self.block_size = block_size
         self.store = store
@@ -87,6 +95,7 @@ class Worker:
         self._mem = next((lv for lv in store.levels if isinstance(lv, MemoryTier)), None)
         self._disk = next((lv for lv in store.levels if isinstance(lv, ServingDiskTier)), None)
         self.peers = peers
+        self.current_files = current_files
         self.peer_bytes = 0  # bytes copied in from peers (read-repair and hand-off)
         self._misses: dict[str, asyncio.Future] = {}
         self.metrics = WorkerMetrics(self)
@@ -99,6 +108,7 @@ class Worker:
         app.router.add_post("/v1/exists", self.exists)
         app.router.add_post("/v1/fill", self.fill)
         app.router.add_post("/v1/pull", self.pull)
+        app.router.add_post("/v1/drain", self.drain)
         app.router.add_post("/v1/drop", self.drop)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.metrics_page)
@@ -197,6 +207,28 @@ class Worker:
             indexes = sorted({wire.parse_index({"i": i}, entry, self.block_size, "i") for i in blocks})
             jobs.append(self._fill_file(entry, indexes))
         return await _slow_json(request, asyncio.gather(*jobs), "results")
+
+    async def drain(self, request: web.Request) -> web.StreamResponse:
+        body = await _json(request)
+        wire.check_scope(body, self.dataset)
+        seconds = wire.parse_seconds(body)
+        if self.peers is None or self._disk is None:  # alone, or MEM only: nothing kept to hand off
+            report = {"blocks": 0, "moved": 0, "left": 0, "stale": 0, "seconds": 0.0, "errors": {}}
+            return web.json_response({"drain": report})
+        keys, stale = await asyncio.to_thread(self._drain_keys)
+        work = self.peers.drain(keys, self._disk.discard, seconds)
+        return await _slow_json(request, _with(work, stale=stale), "drain")
+
+    def _drain_keys(self) -> tuple[list[str], int]:
+        """``(keys of the dataset's current files held on disk, count of other versions' blocks)``;
+        those are not moved: no read asks for them again (blocks are version-addressed)."""
+        prefix = f"{self.dataset}/"
+        keys = [k for k in self._disk.keys() if k.startswith(prefix)]
+        current = self.current_files()
+        if current is None:
+            return keys, 0
+        kept = [k for k in keys if BlockKey.parse(k).file_id in current]
+        return kept, len(keys) - len(kept)
 
     async def drop(self, request: web.Request) -> web.Response:
         body = await _json(request)
@@ -301,6 +333,11 @@ async def _slow_json(request: web.Request, work, field: str) -> web.StreamRespon
     return resp
 
 
+async def _with(work, **extra) -> dict:
+    """``await work`` (a dict) with ``extra`` fields added."""
+    return {**await work, **extra}
+
+
 def _block_response(data: bytes, digest: str, hit: bool) -> web.Response:
     return web.Response(body=data, content_type="application/octet-stream",
                         headers={"X-Block-Checksum": digest, "X-Cache": "hit" if hit else "miss"})
@@ -389,6 +426,24 @@ async def _every(seconds: float, fn) -> None:
             log.exception("%s failed", getattr(fn, "__name__", fn))
 
 
+def current_files(home: str, namespace: str, name: str, block_size: int) -> set[str] | None:
+    """File ids of dataset ``namespace/name``'s current manifest in the embedded plane at ``home``
+    (blocks cut at ``block_size`` bytes), or None when it has none (no manifest, or no Dataset)."""
+    from datacache.control.embedded import Embedded
+    from datacache.errors import ResourceError
+
+    plane = Embedded(home)
+    try:
+        manifest = plane.load_manifest(plane.get("Dataset", name, namespace))
+    except ResourceError:
+        return None
+    finally:
+        plane.close()
+    if manifest is None:
+        return None
+    return {file_id(e.mount, e.ufs_path, e.version, block_size) for e in manifest}
+
+
 def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0.1", port: int = 0,
           advertise: str | None = None, exit_with_parent: bool = False) -> None:
     """Run worker ``index`` of the CacheRuntime (or ThinRuntime, whose UFS its profile's plugin or
@@ -410,8 +465,9 @@ def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0
     router = Router(open_membership(plane.home), namespace, name, short_circuit=False, strict=False)
     peers = Peers(worker_id, router,
                   WorkerClient(token, name, runtime.spec.block_size_bytes, read_timeout=PEER_TIMEOUT_S))
-    worker = Worker(name, runtime.spec.block_size_bytes, store, plane.ufs_for(dataset, runtime), token, worker_id,
-                    peers=peers)
+    block_size = runtime.spec.block_size_bytes
+    worker = Worker(name, block_size, store, plane.ufs_for(dataset, runtime), token, worker_id,
+                    peers=peers, current_files=lambda: current_files(plane.home, namespace, name, block_size))
     members = Membership(plane.home)
     plane.close()
     try:

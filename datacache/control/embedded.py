@@ -87,6 +87,7 @@ class Embedded:
         ``cacheruntime.datacache.io/NAME scaled`` plus a note when not all are ready. Raises
         ``ValueError`` for a name in ``remove`` that is not a worker's."""
         runtime = self.get("CacheRuntime", name, namespace)
+        supervisor.drain_timeout()  # a wrong $DATACACHE_DRAIN_TIMEOUT_S fails before anything changes
         current = workerset.read(self.home, namespace, name)
         if current is None and supervisor.distributed(runtime):
             current = list(range(runtime.spec.replicas))
@@ -385,7 +386,8 @@ class Embedded:
 
     def _stores(self, runtime):
         """The stores holding ``runtime``'s blocks now: its in-process store, or each ready
-        worker's own store (a worker that does not answer serves nothing, so its blocks do not count).
+        worker's own store (a worker that does not answer serves nothing, so its blocks do not count;
+        a draining worker's blocks count once handed off to their new owners).
         External workers' stores are on their own pods' disks, not here: none."""
         if not supervisor.distributed(runtime):
             yield self.store_for(runtime)

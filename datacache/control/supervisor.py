@@ -11,8 +11,22 @@ supervise``) converges, like a Kubernetes controller, on what the state database
   ``<level path>/<ns>/<name>/worker-<i>``, port ``spec.worker.port + i`` or any free one),
   restarting crashed ones with a capped backoff, and restarting workers whose spec changed;
 - it stops workers whose index left the set (scale-in stops the workers the control plane named,
-  the least hot ones), and everything when the runtime is deleted or drops back to one replica,
-  then exits.
+  the least hot ones), after draining them (:meth:`Supervisor._drain`), and everything when the
+  runtime is deleted or drops back to one replica, then exits.
+
+Scale-in to two or more workers drains before it stops, as Alluxio decommissions a worker: the
+leaving workers are taken out of the members placement ranks (``Membership.drain``), so new reads
+and warmups go to the workers that stay (which copy a block still on a leaving worker by
+read-repair), then each leaving worker hands every block of the dataset's current files to its
+new HRW owner (``POST /v1/drain``, :meth:`datacache.cluster.peers.Peers.drain`: checksums verified,
+its copy dropped once the owner holds it) for at most :func:`drain_timeout` seconds (60, or
+``$DATACACHE_DRAIN_TIMEOUT_S`` of the command that started the supervisor), and only then is it
+stopped. Each report (blocks moved, left and why, seconds) is logged and kept in
+``drain-worker-<i>.json`` until :func:`converge` shows it (``datacache scale`` prints it). The
+leaving worker's cache directory is kept: it holds only what could not be moved (and blocks of old
+file versions, which no read asks for), is used again if that index comes back (its hand-off then
+moves what is left), and is removed with the runtime. A worker that is not running when it leaves
+the set is not drained: its blocks stay in its directory, as before.
 
 Scaling out from one replica keeps the cache: before it starts any worker, the supervisor makes the
 in-process cache directory (``<level path>/<ns>/<name>``) the first worker's without a cache of its
@@ -38,6 +52,7 @@ and :func:`stop` kills any that remain, so no stray process outlives ``datacache
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -51,15 +66,19 @@ import time
 from dataclasses import dataclass
 
 from datacache import private
-from datacache.cluster.auth import ensure_token, runtime_dir
+from datacache.cluster.auth import ensure_token, load_token, runtime_dir
+from datacache.cluster.client import LoopThread, WorkerClient
 from datacache.cluster import membership
 from datacache.cluster.membership import Membership
 from datacache.control import workerset
+from datacache.errors import ConfigError
 
 log = logging.getLogger("datacache.supervisor")
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+DRAIN_TIMEOUT_S = 60  # seconds a leaving worker may spend handing its blocks off (default)
+DRAIN_ENV = "DATACACHE_DRAIN_TIMEOUT_S"
 _BACKOFF_MAX_S = 30.0
 _REAP_S = 5.0
 
@@ -71,6 +90,19 @@ def wait_until(predicate, timeout: float, interval: float = 0.05):
     while not (value := predicate()) and time.monotonic() < deadline:
         time.sleep(interval)
     return value
+
+
+def drain_timeout() -> int:
+    """Seconds a leaving worker may spend handing its blocks off: ``$DATACACHE_DRAIN_TIMEOUT_S``
+    (a whole number from 1 to 86400), else ``DRAIN_TIMEOUT_S``. Raises ``ConfigError`` naming the
+    variable for any other value."""
+    raw = os.environ.get(DRAIN_ENV, "")
+    if not raw:
+        return DRAIN_TIMEOUT_S
+    if raw.isdigit() and 1 <= int(raw) <= 86400:
+        return int(raw)
+    raise ConfigError("environment", [(DRAIN_ENV, f"{raw[:40]!r} is not a whole number of seconds from 1 to 86400 "
+                                                  f"(unset it for the default, {DRAIN_TIMEOUT_S})")])
 
 
 def external_workers() -> bool:
@@ -176,11 +208,19 @@ def ensure_running(home: str, namespace: str, name: str, timeout: float = 15.0) 
 
 def wait_ready(home: str, namespace: str, name: str, replicas: int, timeout: float = READY_TIMEOUT_S) -> bool:
     """Wait until exactly the workers of the runtime's worker set (``replicas`` indexes, see
-    :mod:`.workerset`) are live; False after ``timeout`` seconds."""
+    :mod:`.workerset`) are live and no worker is being drained; False after ``timeout`` seconds
+    (plus the drain's bound while one is being drained)."""
     want = {f"worker-{i}" for i in workerset.desired(home, namespace, name, replicas)}
     members = Membership(home)
+
+    def ready() -> bool:  # leaving workers stopped, not just out of placement
+        return {m.worker_id for m in members.live(namespace, name)} == want and not members.draining(namespace, name)
+
     try:
-        return wait_until(lambda: {m.worker_id for m in members.live(namespace, name)} == want, timeout, 0.1)
+        if wait_until(ready, timeout, 0.1):
+            return True
+        # A drain is bounded by drain_timeout(); its worker stops within STOP_TIMEOUT_S after.
+        return bool(members.draining(namespace, name)) and wait_until(ready, drain_timeout() + STOP_TIMEOUT_S, 0.1)
     finally:
         members.close()
 
@@ -193,20 +233,64 @@ def converge(home: str, runtime, timeout: float = READY_TIMEOUT_S) -> str:
     if external_workers():
         return ""
     ns, name = runtime.metadata.namespace, runtime.metadata.name
+    drain_timeout()  # a wrong value fails here, in the command, not later in the daemon
     if not distributed(runtime):
         kept = workerset.plan(1, workerset.read(home, ns, name))[0]
         stop(home, ns, name)
         return_cache(home, runtime, kept)
         workerset.forget(home, ns, name)
         return ""
-    workerset.write(home, ns, name, workerset.desired(home, ns, name, runtime.spec.replicas))
+    indexes = workerset.desired(home, ns, name, runtime.spec.replicas)
+    workerset.write(home, ns, name, indexes)
     ensure_running(home, ns, name)
-    if wait_ready(home, ns, name, runtime.spec.replicas, timeout):
-        return ""
+    ok = wait_ready(home, ns, name, runtime.spec.replicas, timeout)
+    drained = "".join(f" ({line})" for line in take_drain_reports(home, ns, name, indexes))
+    if ok:
+        return drained
     members = Membership(home)
     ready = len(members.live(ns, name))
     members.close()
-    return f" ({ready}/{runtime.spec.replicas} workers ready; see 'datacache get runtimes')"
+    return f"{drained} ({ready}/{runtime.spec.replicas} workers ready; see 'datacache get runtimes')"
+
+
+def drain_summary(worker: str, report: dict) -> str:
+    """One line for the report of a drain (see :meth:`datacache.cluster.peers.Peers.drain`):
+    ``drained worker-2: 70/70 blocks handed to their new owners in 1.2s`` plus what was left and
+    why."""
+    if "error" in report:
+        return f"drained {worker}: failed: {report['error']}; its blocks stay in its cache directory"
+    line = f"drained {worker}: {report['moved']}/{report['blocks']} blocks handed to their new owners in " \
+           f"{report['seconds']:.1f}s"
+    if report.get("left"):
+        why = "; ".join(f"{owner}: {text}" for owner, text in sorted(report.get("errors", {}).items()))
+        line += f"; {report['left']} left in its cache directory ({why})"
+    if report.get("stale"):
+        line += f"; {report['stale']} blocks of old file versions not moved"
+    return line
+
+
+def take_drain_reports(home: str, namespace: str, name: str, indexes) -> list[str]:
+    """The summaries of the drain reports the supervisor left for workers not in ``indexes`` (the
+    runtime's worker set now), removing every report file (those of workers back in the set are
+    stale)."""
+    rdir = runtime_dir(home, namespace, name)
+    lines = []
+    for entry in sorted(os.listdir(rdir)) if os.path.isdir(rdir) else []:
+        if not (entry.startswith("drain-worker-") and entry.endswith(".json")):
+            continue
+        path = os.path.join(rdir, entry)
+        worker = entry[len("drain-"):-len(".json")]
+        try:
+            with open(path) as f:
+                report = json.load(f)
+        except (OSError, ValueError):
+            continue
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if workerset.index_of(worker) not in indexes:
+            lines.append(drain_summary(worker, report))
+    return lines
 
 
 def _disk_bases(home: str, runtime):
@@ -294,6 +378,7 @@ class Supervisor:
         self.dir, self.logs = _paths(home, namespace, name)
         self._children: dict[int, _Child] = {}
         self._stopping = threading.Event()
+        self._drain_s = drain_timeout()
 
     def run(self) -> int:
         """Supervise until the runtime goes away or SIGTERM; returns the exit status (0)."""
@@ -309,6 +394,7 @@ class Supervisor:
             signal.signal(sig, lambda *_: self._stopping.set())
         write_pid(os.path.join(self.dir, "supervisor.pid"), os.getpid())
         state, self._members = StateStore(self.home), Membership(self.home)
+        self._state = state
         try:
             self._adopt(state)
             while not self._stopping.is_set():
@@ -365,7 +451,45 @@ class Supervisor:
                 self._start(i, child, spec, port + i if port else 0)
         extra = [i for i in self._children if i not in indexes]
         if extra:
+            self._drain(extra)
             self._stop_children(extra)
+
+    def _drain(self, indexes: list[int]) -> None:
+        """Drain the running workers among ``indexes`` before they are stopped (see the module
+        docstring): out of placement, then all hand their blocks off at once, for at most
+        :func:`drain_timeout` seconds. Each report is logged and written to ``drain-worker-<i>.json``."""
+        from datacache.api.loader import load_resource_dict
+
+        running = {f"worker-{i}" for i in indexes
+                   if self._children[i].proc is not None and self._children[i].proc.poll() is None}
+        live = self._members.live(self.namespace, self.name)
+        leaving = [m for m in live if m.worker_id in running]
+        doc = self._state.get("CacheRuntime", self.name, self.namespace)
+        if not leaving or doc is None:
+            return
+        if len(leaving) == len(live):
+            reports: list = [{"error": "no other live worker to hand its blocks to"}] * len(leaving)
+        else:
+            for m in leaving:
+                self._members.drain(self.namespace, self.name, m.worker_id, m.pid)
+            block_size = load_resource_dict(doc, "state").spec.block_size_bytes
+            client = WorkerClient(load_token(self.home, self.namespace, self.name), self.name, block_size)
+            io = LoopThread("datacache-drain")
+            bound = self._drain_s + 2 * STOP_TIMEOUT_S  # the workers' own bound, plus a pass in flight
+            try:
+                reports = io.gather([client.drain(m.url, m.worker_id, self._drain_s) for m in leaving], bound)
+            except TimeoutError:
+                reports = [TimeoutError(f"no answer within {bound}s")] * len(leaving)
+            finally:
+                io.run(client.close())
+                io.close()
+        for m, report in zip(leaving, reports):
+            if isinstance(report, BaseException):
+                report = {"error": f"{type(report).__name__}: {report}"}
+            log.info("%s", drain_summary(m.worker_id, report))
+            path = private.touch(os.path.join(self.dir, f"drain-{m.worker_id}.json"))
+            with open(path, "w") as f:
+                json.dump(report, f)
 
     def _start(self, index: int, child: _Child, spec: str, port: int) -> None:
         argv = _cli("worker", "serve", self.name, "-n", self.namespace, "--home", self.home, "--index", str(index),

@@ -1,6 +1,6 @@
 """Embedded supervision through the CLI: workers outlive the command that started them, scale
 3 -> 4 -> 2 keeps every read correct and hands exactly the blocks HRW says (about 1/N) to the new
-worker, delete
+worker, and the removed workers' blocks to their new owners (drain), delete
 stops every process; a worker killed in the middle of a warmup; a killed supervisor heals."""
 
 from __future__ import annotations
@@ -90,14 +90,18 @@ def test_scale_3_4_2_through_the_cli(cluster_home, tmp_path):
     assert abs(len(moved) / len(every) - 1 / 4) < 0.1  # exactly the new worker's share moved, about 1/N
     _read_all(plane, "sc", contents)
 
-    dc("scale", "runtime", "sc", "--replicas", "2", home=cluster_home)
+    out = dc("scale", "runtime", "sc", "--replicas", "2", home=cluster_home)
     assert sorted(live(cluster_home, "sc")) == ["worker-0", "worker-1"]
     cached, _ = _cached_keys(plane, "sc")
     two = ["worker-0", "worker-1"]
     gone = {k for k in every if owners(k, four)[0] not in two}
-    assert abs(len(gone) / len(every) - 1 / 2) < 0.1  # the two removed workers' share
+    assert abs(len(gone) / len(every) - 1 / 2) < 0.1  # the two removed workers' share...
+    moved = re.findall(r"drained (worker-[23]): (\d+)/(\d+) blocks handed to their new owners", out)
+    assert [w for w, _, _ in moved] == ["worker-2", "worker-3"], out
+    assert all(a == b for _, a, b in moved) and sum(int(a) for _, a, _ in moved) == len(gone)  # ...handed off
     stored = stored_keys(cluster_home, "sc")
-    assert cached == every - gone == every & (stored["worker-0"] | stored["worker-1"])
+    assert cached == every == every & (stored["worker-0"] | stored["worker-1"])
+    assert not every & (stored["worker-2"] | stored["worker-3"])
     _read_all(plane, "sc", contents)
     status = json.loads(dc("get", "runtimes", "sc", "-o", "json", home=cluster_home))["status"]
     assert (status["desiredWorkers"], status["readyWorkers"], status["phase"]) == (2, 2, "Ready")
