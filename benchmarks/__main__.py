@@ -13,8 +13,10 @@ the same files with nginx (real range support) behind a second proxy with the sa
 each source it runs every system of ``benchmarks.systems`` through the workloads of
 ``benchmarks.peers`` and writes ``RESULTS.md`` (machine, date, settings, the
 ratio table, the memory table) and ``RESULTS.png`` (the chart) into ``--out``. Every system's
-bytes are checked against the generator's checksums. Exit status: 0, or 1 when a system that is
-installed failed.
+bytes are checked against the generator's checksums. Each step of a system (set-up, each workload)
+has ``--system-timeout`` seconds: past it the system is reported as "timed out after N s in
+<step>", its processes and mounts are ended, and the run goes on (``benchmarks.peers``). Exit
+status: 0, or 1 when a system that is installed failed or timed out.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None,
                     help="where RESULTS.md and RESULTS.png go (default: benchmarks/ for a full run, "
                          "a new temporary directory with --quick)")
+    ap.add_argument("--system-timeout", type=float, default=600.0, metavar="SECONDS",
+                    help="time limit of each step of a system (set-up, each workload); past it the system "
+                         "is reported as timed out and the run goes on; 0: none (default 600)")
     ap.add_argument("--keep", action="store_true", help="keep the working directory (data, caches)")
     ap.add_argument("--quiet", action="store_true", help="print only the tables")
     args = ap.parse_args(argv)
@@ -73,8 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, name, quick if args.quick else full)
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.workers < 1 or args.latency_ms < 0 or args.bandwidth_mbps < 0:
-        ap.error("--workers must be >= 1, --latency-ms and --bandwidth-mbps >= 0")
+    if args.workers < 1 or args.latency_ms < 0 or args.bandwidth_mbps < 0 or args.system_timeout < 0:
+        ap.error("--workers must be >= 1, --latency-ms, --bandwidth-mbps and --system-timeout >= 0")
     args.systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
     args.sources = tuple(s.strip() for s in (args.sources or ("s3" if args.quick else ",".join(SOURCES))).split(",")
                          if s.strip())
@@ -141,7 +146,7 @@ def run(args: argparse.Namespace, log) -> Report:
         try:
             for source in args.sources:
                 bench = PeerBench(env, make_systems(env, mounts, args.systems, source), mounts, args.workers,
-                                  args.parquet_reads, log, args.repeat)
+                                  args.parquet_reads, log, args.repeat, args.system_timeout)
                 outcomes += bench.run()
         finally:
             for problem in mounts.cleanup():
@@ -176,6 +181,8 @@ def run(args: argparse.Namespace, log) -> Report:
         f"- data: {data}",
         f"- readers: {args.workers} worker processes, shuffled order (DataLoader-shaped, persistent workers); "
         f"{args.parquet_reads} random row-group reads; warm epoch and shard: median of {args.repeat} passes; every byte checked against the source's checksums",
+        "- time limit: " + (f"{args.system_timeout:g} s per step of a system (set-up, each workload); a system "
+                            "past it is reported as timed out, not counted" if args.system_timeout else "none"),
         f"- command: `{args.command}`",
         "",
         "Ratios, per source: each system's rate / the local copy's from that source (the limit), and / the best "
@@ -214,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report.text)
     print(f"written: {report.results_md}, {report.chart_png}")
-    failed = [o for o in report.outcomes if o.status.startswith("failed")]
+    failed = [o for o in report.outcomes if o.status.startswith(("failed", "timed out"))]
     return 1 if failed else 0
 
 

@@ -189,8 +189,9 @@ def deal(tasks: list[Task], workers: int, seed: int) -> list[list[Task]]:
 class ReaderPool:
     """``workers`` persistent reader processes for ``opener`` (see module doc); a context manager.
 
-    Raises RuntimeError when a worker cannot set up
-    its client or start within ``start_timeout`` seconds."""
+    Constructing it starts the processes; entering it waits until every one has set up its client
+    (so that ``kill`` can reach them while they do). Entering raises RuntimeError when a worker
+    cannot set up its client or start within ``start_timeout`` seconds, or dies (``kill``)."""
 
     def __init__(self, opener: Opener, workers: int, start_timeout: float = 120.0):
         if workers < 1:
@@ -206,7 +207,6 @@ class ReaderPool:
                 child.close()
                 self._procs.append(proc)
                 self._conns.append(parent)
-            self._await_ready()
         except BaseException:
             self.close()
             raise
@@ -215,11 +215,19 @@ class ReaderPool:
         for conn in self._conns:
             if not conn.poll(self.start_timeout):
                 raise RuntimeError(f"a reader process did not start within {self.start_timeout:.0f} s")
-            kind, detail = conn.recv()
+            try:
+                kind, detail = conn.recv()
+            except (EOFError, OSError):
+                raise RuntimeError("a reader process exited while it started") from None
             if kind != "ready":
                 raise RuntimeError(f"a reader process could not open the system: {detail}")
 
     def __enter__(self) -> ReaderPool:
+        try:
+            self._await_ready()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -237,10 +245,21 @@ class ReaderPool:
         for conn in self._conns:
             if not conn.poll(max(0.0, timeout - (time.perf_counter() - t0))):
                 raise RuntimeError(f"a reader process did not finish within {timeout:.0f} s")
-            _, (b, n, errs, hwm_mib) = conn.recv()
+            try:
+                _, (b, n, errs, hwm_mib) = conn.recv()
+            except (EOFError, OSError):
+                raise RuntimeError("a reader process exited in the middle of a job") from None
             nbytes, items, rss = nbytes + b, items + n, max(rss, hwm_mib)
             errors += errs
         return Result(time.perf_counter() - t0, nbytes, items, errors, rss)
+
+    def kill(self) -> None:
+        """SIGKILL every worker now, wherever it is (a read that never ends, a client that does not
+        start): a ``run`` or ``__enter__`` waiting on them raises RuntimeError; ``close`` reaps them.
+        Safe from another thread."""
+        for proc in list(self._procs):
+            if proc.exitcode is None:
+                proc.kill()
 
     def close(self) -> None:
         """Stop the workers (a None job, then terminate what is left) and reap them. Idempotent."""

@@ -21,7 +21,16 @@ the reference checksums every other system is checked against), starting from an
   replacement, the same list for every system) read with pyarrow, row groups/s.
 
 Every read is checked (xxh3-64 of whole files, row-group sums); a system whose reads fail, or
-that raises, is marked ``failed: <first error>`` and the run goes on with the next. Peak memory:
+that raises, is marked ``failed: <first error>`` and the run goes on with the next.
+
+Time limit (``time_limit`` seconds, 0: none): a system's steps - its set-up (mount, reader
+processes), each workload, its clean-up - run in a thread of its own, and the main thread gives
+each step ``time_limit`` seconds. A step still running then makes the system ``timed out after N
+s in <step>``:
+its reader processes are killed, its warmup process group too, and every mount of the run that
+is still up is unmounted and its daemon ended (``System.abort``); the run goes on with the next
+system. Its figures are not counted, and a goal of its is NOT met. The local copy is the limit
+and the reference checksums: when it times out the run stops (RuntimeError). Peak memory:
 the serving process's ``VmHWM`` (FUSE daemons), the warmup process's (``datacache warmup``), and
 the largest reader process's (where ``datacache://`` and fsspec's caches live).
 """
@@ -32,6 +41,7 @@ import hashlib
 import os
 import random
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +51,7 @@ from benchmarks.fuse_read import DROP_CACHES, Mounts, drop_caches
 from benchmarks.loader import ReaderPool, Result, Task, file_checksum, rowgroup_checksum
 from benchmarks.systems import System
 
-__all__ = ["GOALS", "WORKLOADS", "Goal", "Outcome", "PeerBench", "Workload"]
+__all__ = ["GOALS", "WORKLOADS", "Goal", "Outcome", "PeerBench", "TimedOut", "Workload"]
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,7 @@ class Outcome:
     system: str
     role: str
     source: str = "s3"
-    status: str = "ok"
+    status: str = "ok"  # or "timed out after N s in <step>" (see the module doc)
     measures: dict[str, Measure] = field(default_factory=dict)
     daemon_rss_mib: float | None = None
     warmup_rss_mib: float | None = None
@@ -109,21 +119,40 @@ class Outcome:
     seconds: float = 0.0
 
 
+class TimedOut(Exception):
+    """A step of a system ran past the time limit; the message is the status ("timed out after ...")."""
+
+
+class _Aborted(Exception):
+    """Raised in a system's thread at its next step once the main thread gave up on it."""
+
+
+ABORT_GRACE = 60.0  # seconds the main thread waits for a timed-out system's thread to unwind
+
+
 class PeerBench:
     """See the module doc. ``env``: a started ``DemoEnvironment``; ``systems``: from
     ``benchmarks.systems.make_systems`` (the local copy first); ``mounts``: where the systems'
-    mounts are recorded, cleaned up by the caller."""
+    mounts are recorded, cleaned up by the caller; ``time_limit``: seconds per step (0: none)."""
 
     def __init__(self, env: DemoEnvironment, systems: list[System], mounts: Mounts, workers: int,
-                 parquet_reads: int, log: Callable[[str], None], repeat: int = 3):
+                 parquet_reads: int, log: Callable[[str], None], repeat: int = 3, time_limit: float = 0.0):
         if not systems or systems[0].role != "local":
             raise ValueError("the local copy must be the first system (it gives the reference checksums)")
+        if time_limit < 0:
+            raise ValueError("time_limit must be >= 0 seconds (0: none)")
         self.env, self.systems, self.mounts = env, systems, mounts
         self.workers, self.parquet_reads, self.log, self.repeat = workers, parquet_reads, log, repeat
+        self.time_limit = time_limit
         self.outcomes: list[Outcome] = []
         self.checksums: dict[str, int] = {}
         self.rowgroups: list[Task] = []
         self.can_drop = os.access(DROP_CACHES, os.W_OK)
+        # the running step, its deadline (time.monotonic) and the reader pool, read by the main thread;
+        # the thread that runs the steps now (None once the main thread gave up on it)
+        self._step_title, self._deadline = "", 0.0
+        self._pool: ReaderPool | None = None
+        self._runner: threading.Thread | None = threading.current_thread()
 
     # -- reference -------------------------------------------------------------------------------
     def paths(self, prefix: str) -> list[str]:
@@ -165,7 +194,12 @@ class PeerBench:
                 continue
             t0 = time.perf_counter()
             try:
-                self.run_system(system, out)
+                self._run_limited(system, out)
+            except TimedOut as err:
+                out.status = str(err)
+                if system.role == "local":
+                    raise RuntimeError(f"the local copy {err}: without the limit and the reference checksums "
+                                       "the run cannot go on (raise --system-timeout)") from None
             except Exception as err:  # noqa: BLE001 - one system's failure is a row, not the end of the run
                 out.status = f"failed: {type(err).__name__}: {err}"[:400]
                 if system.role == "local":
@@ -174,8 +208,72 @@ class PeerBench:
                 system.end()
                 out.daemon_rss_mib, out.warmup_rss_mib = system.daemon_rss_mib, system.warmup_rss_mib
                 out.seconds = time.perf_counter() - t0
+                self._remove_cache(system)
             self.log(f"    {system.name}: {out.status}, {out.seconds:.1f}s")
         return self.outcomes
+
+    def _step(self, title: str) -> None:
+        """Start the next step of the running system: a fresh deadline; raises _Aborted in a
+        thread the main thread gave up on (it must not touch the next system's clock)."""
+        if threading.current_thread() is not self._runner:
+            raise _Aborted(title)
+        self._step_title, self._deadline = title, time.monotonic() + self.time_limit
+
+    def _run_limited(self, system: System, out: Outcome) -> None:
+        """``run_system`` under the time limit (see the module doc); raises TimedOut, or what
+        ``run_system`` raised."""
+        if not self.time_limit:
+            self._runner = threading.current_thread()
+            self.run_system(system, out)
+            return
+        errors: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                self.run_system(system, out)
+            except BaseException as err:  # noqa: BLE001 - handed to the main thread
+                errors.append(err)
+
+        self._pool = None
+        thread = threading.Thread(target=target, name=f"benchmark {system.name}", daemon=True)
+        self._runner = thread
+        self._step_title, self._deadline = "set-up", time.monotonic() + self.time_limit
+        thread.start()
+        while thread.is_alive() and (left := self._deadline - time.monotonic()) > 0:
+            thread.join(left)  # the deadline moves on at each step: look again
+        if thread.is_alive():
+            status = f"timed out after {self.time_limit:g} s in {self._step_title}"
+            self.log(f"    {system.name}: {status}: stopping its processes and mounts")
+            self._abort(system, thread)
+            raise TimedOut(status)
+        self._runner = threading.current_thread()
+        if errors:
+            raise errors[0]
+
+    def _abort(self, system: System, thread: threading.Thread) -> None:
+        """Stop a timed-out system's readers, warmup process and mounts, again until its thread
+        has unwound (it may still create a pool or a mount) or ``ABORT_GRACE`` has passed."""
+        self._runner = None
+        end = time.monotonic() + ABORT_GRACE
+        while True:
+            if self._pool is not None:
+                self._pool.kill()
+            for problem in system.abort():
+                self.log(f"    cleanup: {problem}")
+            thread.join(0.5)
+            if not thread.is_alive():
+                return
+            if time.monotonic() > end:
+                self.log(f"    {system.name}: still busy in this process after {ABORT_GRACE:g} s; going on")
+                return
+
+    def _remove_cache(self, system: System) -> None:
+        """Remove this system's cache and copy directories (not its mount point, maybe still busy)."""
+        if system.role == "local":
+            return
+        for d in os.listdir(self.env.work):
+            if d.startswith(system.slug + "-") and not d.endswith("-mnt"):
+                shutil.rmtree(os.path.join(self.env.work, d), ignore_errors=True)
 
     def _record(self, out: Outcome, key: str, *passes: Result) -> None:
         """Keep the median pass (by time; the lower middle of an even count); any error fails."""
@@ -191,28 +289,35 @@ class PeerBench:
                  f"({r.nbytes / 1e6:,.1f} MB in {r.seconds:.2f}s)")
 
     def run_system(self, system: System, out: Outcome) -> None:
+        """Every workload of ``system`` into ``out``; each step starts with ``_step`` (the limit)."""
         self.log(f"==> {system.name} ({system.source})")
+        self._step("set-up")
         opener = system.begin()
         large = [p for p in self.paths("s3/") if not p.startswith("s3/imagenet/")]
         if system.role == "local":
+            self._step(WORKLOAD_TITLES["warmup"])
             system.warmup(None, [Task("stream", p, None) for p in self.paths("s3/imagenet/")])  # untimed
             self._record(out, "warmup", system.warmup(None, [Task("stream", p, None) for p in large]))
             self.make_reference(opener.prefix)
         jpegs = self.tasks("s3/imagenet/", "whole")
-        with ReaderPool(opener, self.workers) as pool:
+        self._step("set-up")
+        self._pool = ReaderPool(opener, self.workers)  # started here, so that _abort can kill it while it sets up
+        with self._pool as pool:
             if self.can_drop:
                 drop_caches()
+            self._step(WORKLOAD_TITLES["cold"])
             self._record(out, "cold", pool.run(jpegs, seed=1))
+            self._step(WORKLOAD_TITLES["warm"])
             self._record(out, "warm", *(pool.run(jpegs, seed=2 + k) for k in range(self.repeat)))
             if system.role != "local":
+                self._step(WORKLOAD_TITLES["warmup"])
                 self._record(out, "warmup", system.warmup(pool, [Task("stream", p, self.checksums[p]) for p in large]))
+            self._step(WORKLOAD_TITLES["shard"])
             self._record(out, "shard", *(pool.run(self.tasks("s3/shards/", "stream")) for _ in range(self.repeat)))
+            self._step(WORKLOAD_TITLES["parquet"])
             self._record(out, "parquet", pool.run(self.rowgroups, seed=3))
+        self._step("clean-up")
         system.end()
-        if system.role != "local":
-            for d in os.listdir(self.env.work):  # this system's cache
-                if d.startswith(system.slug + "-") and not d.endswith("-mnt"):
-                    shutil.rmtree(os.path.join(self.env.work, d), ignore_errors=True)
 
 
 WORKLOAD_TITLES = {w.key: w.title for w in WORKLOADS}

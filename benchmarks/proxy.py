@@ -27,10 +27,18 @@ pass untouched; nothing is decompressed (``auto_decompress=False``) or added (ai
 User-Agent/Accept/Accept-Encoding are skipped). Response headers come back the same way, with
 Content-Length kept so bodies are not re-chunked. A failed upstream is a 502 with a one-line body.
 
+A client that leaves in the middle of a response is normal, not an error, and is not logged:
+fsspec's ``HTTPFileSystem.exists`` GETs a file and drops the connection after the headers (and
+``simplecache::`` calls it before every download), so a run makes thousands of such requests.
+
 Process model: the proxy runs as a child process (``python benchmarks/proxy.py --upstream ...``),
 not a thread, so that its event loop does not share the benchmark's GIL (like
-``datacache.demo.s3server.MotoServer``). The child binds port 0 and prints the port it got, so
-there is no race for a free port; a watchdog thread ends it if its parent dies without stopping
+``datacache.demo.s3server.MotoServer``). The child binds port 0 and prints the port it got on
+a pipe that carries only that line, so there is no race for a free port; its stdout and stderr
+go to an unnamed temporary file (``log_tail()`` reads it). Never to a pipe nobody reads: once 64 KiB of
+output filled it, the child's event loop would block in ``write(2)`` and every request through the
+proxy would wait forever (issue 8: aiohttp logged a traceback per dropped response, and the
+full-size HTTP run hung). A watchdog thread ends the child if its parent dies without stopping
 it. ``DelayProxy`` is a context manager with ``endpoint_url``, ``pid`` and ``stop()``, which
 terminates, then kills, and reaps it.
 """
@@ -41,8 +49,10 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
+from typing import TextIO
 
 __all__ = ["DelayProxy", "DelayProxyError"]
 
@@ -75,6 +85,7 @@ class DelayProxy:
         self.start_timeout = start_timeout
         self.port: int | None = None
         self._proc: subprocess.Popen | None = None
+        self._log = None  # the child's output file (see the module doc)
         self._finalizer: weakref.finalize | None = None
 
     def __enter__(self) -> DelayProxy:
@@ -103,9 +114,10 @@ class DelayProxy:
         cmd = [sys.executable, "-u", os.path.abspath(__file__), "--parent", str(os.getpid()),
                "--upstream", self.upstream, "--host", self.host, "--latency-ms", repr(self.latency_ms),
                "--bandwidth-mbps", repr(self.bandwidth_mbps), "--chunk-bytes", str(self.chunk_bytes)]
+        self._log = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, close_fds=True)
-        self._finalizer = weakref.finalize(self, _stop_process, self._proc)
+                                      stderr=self._log, close_fds=True)
+        self._finalizer = weakref.finalize(self, _stop_process, self._proc, self._log)
         try:
             self.port = self._read_port()
         except BaseException:
@@ -132,9 +144,16 @@ class DelayProxy:
                 break
         text = line.decode(errors="replace").strip()
         if not text.startswith("PORT "):
-            err = proc.stderr.read().decode(errors="replace") if proc.poll() is not None and proc.stderr else ""
-            raise DelayProxyError(f"the proxy failed to start (exit {proc.poll()}): {text} {err[-2000:]}")
+            raise DelayProxyError(f"the proxy failed to start (exit {proc.poll()}): {text} {self.log_tail()}")
         return int(text.split()[1])
+
+    def log_tail(self, nbytes: int = 2000) -> str:
+        """The last ``nbytes`` bytes the child wrote to stdout/stderr (tracebacks of failed upstream
+        requests), as text; "" when it is stopped."""
+        if self._log is None or self._log.closed:
+            return ""
+        size = os.fstat(self._log.fileno()).st_size
+        return os.pread(self._log.fileno(), nbytes, max(0, size - nbytes)).decode(errors="replace")
 
     def stop(self) -> None:
         """Terminate (then kill) and reap the proxy. Idempotent."""
@@ -148,7 +167,7 @@ class DelayProxy:
         return f"<DelayProxy {where} -> {self.upstream}, {self.describe()}>"
 
 
-def _stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+def _stop_process(proc: subprocess.Popen, log, timeout: float = 5.0) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -156,7 +175,7 @@ def _stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
     proc.wait()
-    for stream in (proc.stdout, proc.stderr):
+    for stream in (proc.stdout, log):
         if stream is not None:
             stream.close()
 
@@ -185,7 +204,8 @@ class _Pacer:
             await asyncio.sleep(ahead)
 
 
-def _serve(upstream: str, host: str, latency_ms: float, bandwidth_mbps: float, chunk: int) -> None:
+def _serve(upstream: str, host: str, latency_ms: float, bandwidth_mbps: float, chunk: int,
+           port_out: TextIO) -> None:
     import asyncio
 
     import aiohttp
@@ -234,8 +254,12 @@ def _serve(upstream: str, host: str, latency_ms: float, bandwidth_mbps: float, c
                 await resp.write_eof()
                 return resp
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-            if resp is not None and resp.prepared or request.transport is None or request.transport.is_closing():
-                raise  # headers already sent (or the client left): the connection is dropped
+            if request.transport is None or request.transport.is_closing():
+                # The client left (see the module doc): end quietly; aiohttp drops the connection
+                # when it cannot finish this response.
+                return resp if resp is not None else web.Response(status=499)
+            if resp is not None and resp.prepared:
+                raise  # headers already sent: the connection is dropped
             return web.Response(status=502, text=f"delay proxy: upstream {upstream} failed: "
                                                   f"{type(err).__name__}: {err}\n")
 
@@ -257,8 +281,8 @@ def _serve(upstream: str, host: str, latency_ms: float, bandwidth_mbps: float, c
         site = web.TCPSite(runner, host, 0, backlog=1024)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
-        sys.stdout.write(f"PORT {port}\n")
-        sys.stdout.flush()
+        port_out.write(f"PORT {port}\n")
+        port_out.close()  # nothing else goes to the pipe the parent stops reading (see the module doc)
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -285,7 +309,10 @@ def _child_main(argv: list[str]) -> None:
 
     threading.Thread(target=watch, daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    _serve(args.upstream.rstrip("/"), args.host, args.latency_ms, args.bandwidth_mbps, args.chunk_bytes)
+    # The parent's pipe carries the port line only; stdout joins stderr (the output file).
+    port_out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    _serve(args.upstream.rstrip("/"), args.host, args.latency_ms, args.bandwidth_mbps, args.chunk_bytes, port_out)
 
 
 if __name__ == "__main__":

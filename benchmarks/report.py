@@ -3,7 +3,8 @@
 Ratios are per source (S3, HTTP) and workload, of each system's rate in the workload's unit
 (``peers.WORKLOADS``): ``vs local`` = rate / the local copy's rate from that source (the limit:
 1.00), ``vs best peer`` = rate / the highest rate among the peers that ran on that source (rclone,
-s3fs-fuse, fsspec's caches; the best peer reads 1.00). A system that did not run shows its status ("not installed (...)", "failed: ...") instead.
+s3fs-fuse, fsspec's caches; the best peer reads 1.00). A system that did not run shows its status ("not installed (...)", "failed: ...", "timed out after N s in <step>") instead: its figures
+are not counted, and a goal of a system that failed or timed out counts as not met.
 """
 
 from __future__ import annotations
@@ -63,10 +64,14 @@ def ratio_rows(outcomes: list[Outcome]) -> tuple[list[str], list[list[str]], int
     cells = ((s, w, o) for s in _sources(outcomes) for w in WORKLOADS for o in outcomes if o.source == s)
     for source, w, o in cells:
         r = by_key.get((source, w.key, o.system))
-        if r is None:
-            rows.append([source, w.title, o.system, o.status if o.status != "ok" else "not measured", "", "", ""])
-            continue
         goal = next((g for g in GOALS if g.workload == w.key and o.system in g.systems), None)
+        if r is None:
+            # a goal of a system that ran but gave no figure (failed, timed out) is not met
+            missed = goal is not None and not o.status.startswith("not installed")
+            rows.append([source, w.title, o.system, o.status if o.status != "ok" else "not measured", "", "",
+                         "NOT met (no figure)" if missed else ""])
+            goal_n += missed
+            continue
         gtext = "(limit)" if o.role == "local" else "(best peer)" if r.best_peer else ""
         if goal is not None:
             ok = all(v is not None and v >= want for v, want in ((r.vs_local, goal.vs_local),

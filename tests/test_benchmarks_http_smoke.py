@@ -16,6 +16,7 @@ if ROOT not in sys.path:
 
 from benchmarks.common import cpu_seconds  # noqa: E402
 from benchmarks.nginx import NginxServer, nginx_program  # noqa: E402
+from benchmarks.proxy import DelayProxy  # noqa: E402
 from test_benchmarks_smoke import TINY, check_tiny_report  # noqa: E402
 
 pytestmark = pytest.mark.skipif(nginx_program() is None, reason="needs nginx (Debian: nginx)")
@@ -74,3 +75,28 @@ def test_nginx_serves_ranges_preconditions_and_index_pages(tmp_path):
             assert b'<a href="x.bin">x.bin</a>' in r.read()  # autoindex: what fsspec's HTTP lists
         work = web.work
     assert web.pid is None and not os.path.exists(work) and cpu_seconds(pid) is None  # reaped
+
+
+def test_proxy_takes_responses_the_client_drops_as_normal(tmp_path):
+    """Issue 8's hang: fsspec's HTTP ``exists`` GETs a file and drops the connection after the
+    headers (``simplecache::`` does it before every download). The proxy logged a traceback for
+    each into a stderr pipe nobody read; after ~60 the pipe was full and every request through the
+    proxy waited forever. 300 such requests on a 4 MB file (a body that cannot be written before
+    the client leaves), then a whole read: it answers, with the right bytes, and logs nothing;
+    the child's output goes to a file, not a pipe."""
+    import aiohttp
+    import fsspec
+
+    data = os.urandom(4_000_000)
+    (tmp_path / "big.bin").write_bytes(data)
+    with NginxServer(str(tmp_path)) as web, DelayProxy(web.url, latency_ms=0, bandwidth_mbps=100) as proxy:
+        for fd in (1, 2):
+            assert not os.readlink(f"/proc/{proxy.pid}/fd/{fd}").startswith("pipe:")
+        # a client timeout: a proxy that stops answering fails the test instead of hanging it
+        fs = fsspec.filesystem("http", skip_instance_cache=True,
+                               client_kwargs={"timeout": aiohttp.ClientTimeout(total=20)})
+        url = proxy.endpoint_url + "/big.bin"
+        for _ in range(300):
+            assert fs.exists(url)
+        assert hashlib.sha256(fs.cat_file(url)).digest() == hashlib.sha256(data).digest()
+        assert proxy.log_tail() == ""

@@ -280,8 +280,10 @@ def test_peer_benchmark_rejects_bad_arguments(capsys):
     for argv, message in [(["--systems", "rclone,local"], "--systems must start with 'local'"),
                           (["--systems", "local,nfs"], "unknown ['nfs']"),
                           (["--files", "0"], "--files must be >= 1"),
+                          (["--system-timeout", "-1"], "--system-timeout >= 0"),
                           (["--sources", "s3,ftp"], "--sources: s3,ftp (known: s3,http)")]:
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert message in capsys.readouterr().err, argv
     assert parse_args(["--quick"]).sources == ("s3",)
+
