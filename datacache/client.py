@@ -117,6 +117,33 @@ class DatasetClient:
                     self._ahead_pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="datacache-ahead")
         return _RefreshingFile(entry, self)
 
+    def read(self, entry: FileEntry, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset`` of the version ``entry`` names, without a file left
+        open (fsspec's ``cat_file``): short only at EOF, ``b""`` at or past it. A range inside one
+        block is one block read (a whole small file comes back as the block itself, no copy);
+        a longer one goes through a :class:`DatasetFile`, for its read-ahead. Raises as
+        :meth:`open_entry`'s reads do."""
+        end = min(offset + size, entry.size)
+        if offset >= end:
+            return b""
+        bs = self.source.block_size
+        index = offset // bs
+        if (end - 1) // bs != index:
+            with self.open_entry(entry) as f:
+                return f.pread(offset, size)
+        try:
+            block = self.source.get(entry, index)
+        except StaleFileError:
+            self._stale(entry)
+            raise
+        lo, hi = offset - index * bs, end - index * bs
+        return block if lo == 0 and hi == len(block) and isinstance(block, bytes) else bytes(block[lo:hi])
+
+    def _stale(self, entry: FileEntry) -> None:
+        """``entry``'s version can no longer be read: refresh its manifest entry, so that the next
+        open reads the new version (case C5)."""
+        self.refresh_file(normalize(entry.path))
+
     def cached_fraction(self, entry: FileEntry) -> float:
         """Fraction (0..1) of the file's current-version blocks held in the cache."""
         n = block_count(entry.size, self.block_size)
@@ -217,5 +244,5 @@ class _RefreshingFile(DatasetFile):
         try:
             return super().view(offset, size)
         except StaleFileError:
-            self._client.refresh_file(normalize(self.entry.path))
+            self._client._stale(self.entry)
             raise

@@ -41,6 +41,9 @@ class DatacacheFileSystem(AbstractFileSystem):
         return path.strip("/")
 
     def _client(self, dataset: str):
+        client = self._clients.get(dataset)  # every read asks: no lock once the client exists
+        if client is not None:
+            return client
         with self._lock:
             client = self._clients.get(dataset)
             if client is None:
@@ -106,11 +109,16 @@ class DatacacheFileSystem(AbstractFileSystem):
             raise FileNotFoundError(errno.ENOENT, str(err), path) from None
 
     def cat_file(self, path, start=None, end=None, **kwargs):
-        with self._open(path) as f:
-            size = f.size
-            start = 0 if start is None else (start if start >= 0 else max(size + start, 0))
-            end = size if end is None else (end if end >= 0 else max(size + end, 0))
-            return f.pread(start, max(end - start, 0))
+        # No file object: a small file is one block read (DatasetClient.read).
+        dataset, rest = self._split(path)
+        client = self._client(dataset)
+        entry = client.stat(rest)
+        if entry is None:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        size = entry.size
+        start = 0 if start is None else (start if start >= 0 else max(size + start, 0))
+        end = size if end is None else (end if end >= 0 else max(size + end, 0))
+        return client.read(entry, start, max(end - start, 0))
 
     def close(self) -> None:
         """Close every dataset client this instance opened."""

@@ -1,17 +1,19 @@
 """The SSD tier's hit path: a read writes nothing to the index (its access time is batched), yet LRU
 eviction still sees it; a block file lost under the index is refetched and stored again; a whole
-small file comes back through ``datacache://`` byte for byte."""
+small file comes back through ``datacache://`` byte for byte; a block file of the wrong size is
+corrupt; orphan block files are swept at most once per grace period."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import sqlite3
+import time
 
 import fsspec
 
 from datacache.cache.blocks import checksum
-from datacache.cache.disk import DiskTier
+from datacache.cache.disk import ORPHAN_GRACE_S, DiskTier
 from support import apply_dataset
 
 BLOCK = 256 << 10
@@ -77,3 +79,47 @@ def test_whole_small_files_read_back_exactly(datacache_home, tmp_path):
         assert (hits, misses) == (2 * 3 * len(files) - len(files), len(files))  # 3 opens a pass
     finally:
         fs.close()
+
+
+def test_a_truncated_or_grown_block_file_is_corrupt_dropped_and_stored_again(tmp_path):
+    tier = DiskTier(str(tmp_path / "ssd"), 16 * BLOCK)
+    value = os.urandom(BLOCK)
+    try:
+        for damage in (lambda f: f.truncate(BLOCK - 1), lambda f: (f.seek(0, 2), f.write(b"\0"))):
+            assert tier.put("ds/a/0", value)
+            with open(tier.block_file("ds/a/0"), "r+b") as f:
+                damage(f)
+            before = tier.corrupt
+            assert tier.get("ds/a/0") is None  # never the damaged bytes
+            assert tier.corrupt == before + 1 and "ds/a/0" not in tier
+        assert tier.put("ds/a/0", value)
+        assert hashlib.sha256(tier.get("ds/a/0")).digest() == hashlib.sha256(value).digest()
+    finally:
+        tier.close()
+
+
+def test_orphan_files_are_swept_once_per_grace_period_per_directory(tmp_path):
+    path = str(tmp_path / "ssd")
+    tier = DiskTier(path, 16 * BLOCK)
+    assert tier.put("ds/a/0", os.urandom(BLOCK))
+    indexed = tier.block_file("ds/a/0")
+    tier.sweeper.join(10)
+    tier.close()
+    orphan = os.path.join(os.path.dirname(indexed), "0123456789abcdef0123456789abcdef.val")
+    with open(orphan, "wb") as f:  # a block file whose writer was killed before its index row
+        f.write(b"x" * 100)
+    old = time.time() - ORPHAN_GRACE_S - 1
+    os.utime(orphan, (old, old))
+    tier = DiskTier(path, 16 * BLOCK)  # swept moments ago: this open does not walk the files again
+    assert tier.sweeper is None and os.path.exists(orphan)
+    tier.close()
+    stamp = os.path.join(path, ".swept")
+    assert os.stat(stamp).st_mode & 0o777 == 0o600
+    os.utime(stamp, (old, old))  # the last sweep is a grace period old: the next open sweeps
+    tier = DiskTier(path, 16 * BLOCK)
+    try:
+        tier.sweeper.join(10)
+        assert not os.path.exists(orphan) and tier.orphans_removed == 1
+        assert os.path.exists(indexed) and tier.get("ds/a/0") is not None
+    finally:
+        tier.close()
