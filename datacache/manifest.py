@@ -170,8 +170,11 @@ class Manifest:
         if not _is_sorted(table.column("path")):
             table = table.sort_by("path")
         self.table = table
-        # Binary search index: per chunk of the path column, its array and its last path.
-        self._chunks = [c for c in table.column("path").chunks if len(c)]
+        # Binary search index: per record batch (every column cut at the same rows), its path
+        # array, its other columns (for lookup) and its last path.
+        batches = [b for b in table.to_batches() if b.num_rows]
+        self._chunks = [b.column("path") for b in batches]
+        self._rest = [[b.column(n) for n in SCHEMA.names[1:]] for b in batches]
         self._starts = [0]
         for c in self._chunks:
             self._starts.append(self._starts[-1] + len(c))
@@ -230,10 +233,15 @@ class Manifest:
     def lookup(self, path: str) -> FileEntry | None:
         """The file at dataset ``path`` (normalised), or None (also for directories)."""
         key = normalize(path)
-        i = self._lower_bound(key)
-        if key and i < self.file_num and self._path_at(i) == key:
-            # Element access per column: ~5 µs, against ~60 µs for slicing a one-row table.
-            return FileEntry(*(self.table.column(n)[i].as_py() for n in SCHEMA.names))
+        c = bisect.bisect_left(self._lasts, key)
+        if not key or c == len(self._chunks):
+            return None
+        chunk = self._chunks[c]
+        i = bisect.bisect_left(_Strings(chunk), key)
+        if i < len(chunk) and chunk[i].as_py() == key:
+            # Element access in the row's own batch: ~13 µs a lookup, against ~22 µs through the
+            # table's columns (each finds its chunk again) and ~60 µs slicing a one-row table.
+            return FileEntry(key, *(col[i].as_py() for col in self._rest[c]))
         return None
 
     def is_dir(self, path: str) -> bool:
