@@ -20,9 +20,12 @@ third empties a worker before a scale-in removes it:
 - **Drain** (before a scale-in stops a worker). The control plane takes the worker out of the
   members placement ranks (``Membership.drain``): reads and warmups go to the workers that stay,
   whose read-repair also asks draining workers. Then the worker offers each of its blocks to its
-  new owner the same way (``POST /v1/pull``, checksums verified by the owner) and drops its copy
-  once the owner holds it, repeating until nothing is left or a deadline passes; it reports what
-  it could not move and why (:meth:`Peers.drain`).
+  new owner among the workers that stay (never another leaving one) the same way (``POST
+  /v1/pull``, checksums verified by the owner) and drops its copy once the owner holds it, listing
+  its blocks again each pass until none is left or a deadline passes; from the start of its drain
+  it stores nothing (clients with an older view of the members still reach it: their reads are
+  served, not kept), so a finished drain leaves no current block behind. It reports what it moved,
+  what it could not move and why (:meth:`Peers.drain`).
 
 One replica per block is assumed here, as :func:`datacache.cluster.source.connect` places them.
 Peers are asked with the runtime's own token; their answers are verified by checksum.
@@ -114,43 +117,60 @@ class Peers:
         self._taken += taken
         return len(taken), not errors
 
-    async def drain(self, keys: list[str], discard, seconds: float) -> dict:
-        """Hand every one of ``keys`` (blocks this worker holds) to its owner among the other live
-        workers, this one being out of placement already (``Membership.drain``), and drop each copy
-        (``discard(key)``, in a thread) as soon as its owner holds it. Passes repeat every
-        ``DRAIN_RETRY_S`` seconds, as an owner whose view of the members is not refreshed yet
-        still ranks this worker first and refuses; they stop when no key is left, when ``seconds``
-        have passed, or when a pass moved nothing after ``DRAIN_SETTLE_S`` seconds (every view is
-        fresh by then: what is left, an owner that fails or refuses, stays left).
+    async def drain(self, list_keys, discard, settled, seconds: float) -> dict:
+        """Hand every block this worker holds (``list_keys()``, in a thread: the keys on its disk
+        now) to its owner among the live workers that stay, this one being out of placement
+        already (``Membership.drain``), and drop each copy (``discard(key)``, in a thread) as soon
+        as its owner holds it. Every pass lists the keys again, so a block stored after the
+        drain began (a fill or pull started before, a reader with an old view of the members)
+        is handed off too; the drain ends only when a listing is empty while ``settled()`` (no
+        store write in flight), when ``seconds`` have passed, or when a pass moved nothing after
+        ``DRAIN_SETTLE_S`` seconds (every view is fresh by then: what is left, an owner that
+        fails or refuses, stays left). Owners are ranked among the live workers of a fresh view
+        of the members, minus every worker being drained, so no block goes to another leaving
+        worker. Passes repeat every ``DRAIN_RETRY_S`` seconds.
 
-        Returns ``{"blocks": len(keys), "moved": n, "left": n, "seconds": elapsed, "errors":
-        {owner id: "<n> blocks: <why>"}}`` (why the ``left`` ones were not moved)."""
+        Returns ``{"blocks": distinct keys seen, "moved": n held by their owners now, "left": n
+        still here, "seconds": elapsed, "errors": {owner id: "<n> blocks: <why>"}}``."""
         self.draining = True
         started = time.monotonic()
-        left: list[str] = list(keys)
+        self.router.refresh()  # the control plane marked every leaving worker before this call
+        seen: set[str] = set()
+        moved: set[str] = set()
+        left: list[str] = []
         errors: dict[str, str] = {}
-        members: dict[str, Member] = {}
-        while left:
-            members = {m.worker_id: m for m in self.router.members() if m.worker_id != self.me}
-            if not members:
+        offered: dict[str, Member] = {}  # the owners of the last pass, who the reasons name
+        while True:
+            left = await asyncio.to_thread(list_keys)
+            seen.update(left)
+            leaving = {m.worker_id for m in self.router.draining()} | {self.me}
+            members = {m.worker_id: m for m in self.router.members() if m.worker_id not in leaving}
+            offered = offered or members
+            elapsed = time.monotonic() - started
+            if not left and settled():
                 break
+            if not members or elapsed >= seconds:
+                break
+            if not left:
+                await asyncio.sleep(DRAIN_RETRY_S)  # a store write in flight: list again once it lands
+                continue
+            offered = members
             taken, errors = await self._offer(left, members)
             for key in taken:
                 await asyncio.to_thread(discard, key)
-            moved = set(taken)
+            moved.update(taken)
             left = [k for k in left if k not in moved]
-            elapsed = time.monotonic() - started
-            if not left or elapsed >= seconds or (not moved and elapsed >= DRAIN_SETTLE_S):
+            if not taken and elapsed >= DRAIN_SETTLE_S:
                 break
-            await asyncio.sleep(DRAIN_RETRY_S)
+            await asyncio.sleep(DRAIN_RETRY_S if left else 0)
         why: dict[str, int] = {}
         for key in left:
-            owner = placement.owners(key, members)[0] if members else "*"
+            owner = placement.owners(key, offered)[0] if offered else "*"
             why[owner] = why.get(owner, 0) + 1
         reasons = {o: f"{n} blocks: " + (errors.get(o) or ("no other live worker" if o == "*" else
                                                           "refused (it could not store them, or does not rank itself "
                                                           "their owner)")) for o, n in why.items()}
-        return {"blocks": len(keys), "moved": len(keys) - len(left), "left": len(left),
+        return {"blocks": len(seen), "moved": len(moved - set(left)), "left": len(left),
                 "seconds": round(time.monotonic() - started, 3), "errors": reasons}
 
     async def _offer(self, keys: list[str], members: dict[str, Member]) -> tuple[list[str], dict[str, str]]:

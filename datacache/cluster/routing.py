@@ -71,6 +71,12 @@ class Router:
                 self._fetched = time.monotonic()
             return self._members
 
+    def refresh(self) -> list[Member]:
+        """Live workers read now, not from the cache (a drain must see every drain mark)."""
+        with self._lock:
+            self._fetched = float("-inf")
+        return self.members()
+
     def draining(self) -> list[Member]:
         """Workers being drained (out of placement, still serving their blocks), as of the last
         refresh of :meth:`members`."""

@@ -19,6 +19,9 @@ Endpoints (all but ``/healthz`` and ``/metrics`` need ``Authorization: Bearer <t
 |                     | to its owner among the other live workers, dropping the copies, for at most   |
 |                     | ``seconds`` (before a scale-in stops this worker, see :meth:`.Peers.drain`); |
 |                     | ``{"drain": {"blocks", "moved", "left", "stale", "seconds", "errors"}}``      |
+|                     | From then on the worker stores nothing: a miss is served from a peer or the   |
+|                     | UFS without keeping it, pulls are refused, fills answer 503 (clients fail     |
+|                     | over), so the drain can end with no current block left on this worker.        |
 | ``POST /v1/drop``   | ``{"dataset"}``: delete every block of the dataset                            |
 | ``GET /healthz``    | ``{"worker", "dataset", "status": "ok"}``                                     |
 | ``GET /metrics``    | Prometheus text (see :mod:`.metrics`)                                         |
@@ -50,7 +53,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from datacache.cache.blocks import BlockKey, checksum, file_id
+from datacache.cache.blocks import BlockKey, block_range, checksum, file_id
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.memory import MemoryTier
 from datacache.cache.source import LocalBlockSource
@@ -97,6 +100,7 @@ class Worker:
         self.peers = peers
         self.current_files = current_files
         self.peer_bytes = 0  # bytes copied in from peers (read-repair and hand-off)
+        self._writes = 0  # store writes in flight (fills, copies from peers): a drain waits for them
         self._misses: dict[str, asyncio.Future] = {}
         self.metrics = WorkerMetrics(self)
 
@@ -182,17 +186,20 @@ class Worker:
         keys = self._keys(wire.parse_key_list(body, HANDOFF_BATCH))
         holder = wire.parse_worker_id(body, "from")
         held = []
-        for key in keys:
+        for key in keys if not self.draining else ():  # a leaving worker takes no block
             ok = await asyncio.get_running_loop().run_in_executor(None, self.store.__contains__, key)
             if not ok and self.peers is not None and self.peers.owns(key):
                 data = await self.peers.pull_from(holder, key)
                 ok = data is not None and await self._keep(key, data)
             held.append(bool(ok))
-        return web.json_response({"held": held})
+        return web.json_response({"held": held + [False] * (len(keys) - len(held))})
 
     async def fill(self, request: web.Request) -> web.StreamResponse:
         body = await _json(request)
         wire.check_scope(body, self.dataset, self.block_size)
+        if self.draining:  # out of placement: the client's next-ranked worker fills these
+            return web.json_response({"error": "Draining", "message": f"{self.worker_id} is being drained"},
+                                     status=503)
         files = body.get("files")
         if not isinstance(files, list) or not 0 < len(files) <= MAX_FILES:
             raise wire.BadRequest(f"files: expected a list of 1 to {MAX_FILES} files")
@@ -215,16 +222,23 @@ class Worker:
         if self.peers is None or self._disk is None:  # alone, or MEM only: nothing kept to hand off
             report = {"blocks": 0, "moved": 0, "left": 0, "stale": 0, "seconds": 0.0, "errors": {}}
             return web.json_response({"drain": report})
-        keys, stale = await asyncio.to_thread(self._drain_keys)
-        work = self.peers.drain(keys, self._disk.discard, seconds)
-        return await _slow_json(request, _with(work, stale=stale), "drain")
+        self.peers.draining = True  # before listing: nothing is stored from now on
+        current = await asyncio.to_thread(self.current_files)
+        work = self.peers.drain(lambda: self._drain_keys(current)[0], self._disk.discard,
+                                lambda: self._writes == 0, seconds)
+        return await _slow_json(request, _with_stale(work, lambda: self._drain_keys(current)[1]), "drain")
 
-    def _drain_keys(self) -> tuple[list[str], int]:
-        """``(keys of the dataset's current files held on disk, count of other versions' blocks)``;
-        those are not moved: no read asks for them again (blocks are version-addressed)."""
+    @property
+    def draining(self) -> bool:
+        """Whether this worker is being drained (it stores nothing then)."""
+        return self.peers is not None and self.peers.draining
+
+    def _drain_keys(self, current: set[str] | None) -> tuple[list[str], int]:
+        """``(keys of the dataset's ``current`` files held on disk, count of other versions'
+        blocks)`` (``current`` None: every key counts); old versions are not moved: no read asks
+        for them again (blocks are version-addressed)."""
         prefix = f"{self.dataset}/"
         keys = [k for k in self._disk.keys() if k.startswith(prefix)]
-        current = self.current_files()
         if current is None:
             return keys, 0
         kept = [k for k in keys if BlockKey.parse(k).file_id in current]
@@ -272,12 +286,22 @@ class Worker:
             if data is not None:
                 await self._keep(key, data)
                 return data, True
+        if self.draining:  # served, not kept: the drain must end with nothing left here
+            start, end = block_range(index, entry.size, self.block_size)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._fills, self.source._read_ufs, entry, start, end), False
         hit = key in self.store
         return await self._in_pool(self.source.get, entry, index), hit
 
     async def _keep(self, key: str, data: bytes) -> bool:
-        """Store a block copied from a peer; whether the store kept it."""
-        kept = await asyncio.get_running_loop().run_in_executor(None, self.store.put, key, data)
+        """Store a block copied from a peer; whether the store kept it (never while draining)."""
+        if self.draining:
+            return False
+        self._writes += 1
+        try:
+            kept = await asyncio.get_running_loop().run_in_executor(None, self.store.put, key, data)
+        finally:
+            self._writes -= 1
         if kept:
             self.peer_bytes += len(data)
         return kept
@@ -306,9 +330,11 @@ class Worker:
 
     async def _in_pool(self, fn, *args):
         self.metrics.fills_in_flight.inc()
+        self._writes += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self._fills, fn, *args)
         finally:
+            self._writes -= 1
             self.metrics.fills_in_flight.dec()
 
     def close(self) -> None:
@@ -333,9 +359,10 @@ async def _slow_json(request: web.Request, work, field: str) -> web.StreamRespon
     return resp
 
 
-async def _with(work, **extra) -> dict:
-    """``await work`` (a dict) with ``extra`` fields added."""
-    return {**await work, **extra}
+async def _with_stale(work, stale) -> dict:
+    """``await work`` (a drain report) with ``"stale": stale()`` (blocks of old versions left)."""
+    report = await work
+    return {**report, "stale": await asyncio.to_thread(stale)}
 
 
 def _block_response(data: bytes, digest: str, hit: bool) -> web.Response:

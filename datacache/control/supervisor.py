@@ -35,7 +35,10 @@ moves each block to its HRW owner, and until then owners find them by read-repai
 (:mod:`datacache.cluster.peers`). A process still reading through the in-process cache when the
 runtime is scaled out should be restarted (the dataset's next open uses the workers). Scaling back
 to one replica does the reverse (:func:`return_cache`): one worker's directory (the first of the
-set, or the one the control plane kept) becomes the in-process cache again.
+set, or the one the control plane kept) becomes the in-process cache again, and every other
+worker's blocks of current files are copied into it, checksums verified, within the high watermark
+of its quota (:func:`merge_caches`); ``datacache scale`` prints what was copied, and what was left
+in a worker's directory and why.
 
 On Kubernetes an orchestrator runs the workers (the operator's StatefulSet or DaemonSet) and DNS
 lists them (``DATACACHE_MEMBERSHIP=dns``, :func:`external_workers`): a runtime with ``replicas`` >= 1
@@ -68,7 +71,7 @@ from dataclasses import dataclass
 from datacache import private
 from datacache.cluster.auth import ensure_token, load_token, runtime_dir
 from datacache.cluster.client import LoopThread, WorkerClient
-from datacache.cluster import membership
+from datacache.cluster import membership, merge
 from datacache.cluster.membership import Membership
 from datacache.control import workerset
 from datacache.errors import ConfigError
@@ -228,8 +231,9 @@ def wait_ready(home: str, namespace: str, name: str, replicas: int, timeout: flo
 def converge(home: str, runtime, timeout: float = READY_TIMEOUT_S) -> str:
     """Make the processes match ``runtime`` (stored already): start/keep its supervisor and wait for
     its workers, or stop them for an in-process runtime (whose cache becomes one worker's again, see
-    :func:`return_cache`). External workers are the orchestrator's to start, scale and stop: nothing
-    is done. Returns '' or a note on readiness."""
+    :func:`return_cache`, with the other workers' blocks copied in, :func:`merge_caches`). External
+    workers are the orchestrator's to start, scale and stop: nothing is done. Returns '' or notes
+    in parentheses: the drain or copy reports, readiness."""
     if external_workers():
         return ""
     ns, name = runtime.metadata.namespace, runtime.metadata.name
@@ -238,8 +242,9 @@ def converge(home: str, runtime, timeout: float = READY_TIMEOUT_S) -> str:
         kept = workerset.plan(1, workerset.read(home, ns, name))[0]
         stop(home, ns, name)
         return_cache(home, runtime, kept)
+        lines = merge_caches(home, runtime)
         workerset.forget(home, ns, name)
-        return ""
+        return "".join(f" ({line})" for line in lines)
     indexes = workerset.desired(home, ns, name, runtime.spec.replicas)
     workerset.write(home, ns, name, indexes)
     ensure_running(home, ns, name)
@@ -293,12 +298,44 @@ def take_drain_reports(home: str, namespace: str, name: str, indexes) -> list[st
     return lines
 
 
-def _disk_bases(home: str, runtime):
-    """The in-process cache directory of each disk level of ``runtime`` (the layout of
+def _disk_levels(home: str, runtime):
+    """``(level, in-process cache directory)`` of each disk level of ``runtime`` (the layout of
     ``Embedded.store_for``: ``<level path>/<ns>/<name>``, workers' directories below it)."""
     for level in runtime.spec.tieredstore.ordered_levels:
         if level.mediumtype != "MEM":
-            yield os.path.join(home, os.path.expanduser(level.path), runtime.metadata.namespace, runtime.metadata.name)
+            yield level, os.path.join(home, os.path.expanduser(level.path), runtime.metadata.namespace,
+                                      runtime.metadata.name)
+
+
+def _disk_bases(home: str, runtime):
+    """The in-process cache directory of each disk level of ``runtime``."""
+    return (base for _, base in _disk_levels(home, runtime))
+
+
+def merge_caches(home: str, runtime) -> list[str]:
+    """After :func:`return_cache` (workers stopped): copy every other worker's blocks of the
+    dataset's current files into the in-process cache, per disk level, within the high watermark
+    of the level's quota (:func:`datacache.cluster.merge.merge_into`). Returns one summary line per
+    worker directory that held blocks of the dataset. Raises ``OSError`` if a directory cannot be
+    opened."""
+    from datacache.cache.disk import DiskTier
+    from datacache.cluster.worker import current_files
+
+    ns, name = runtime.metadata.namespace, runtime.metadata.name
+    current = current_files(home, ns, name, runtime.spec.block_size_bytes)
+    lines = []
+    for level, base in _disk_levels(home, runtime):
+        target = DiskTier(base, level.quota_bytes, level.high, level.low, level.mediumtype)
+        try:
+            for worker in merge.worker_dirs(base):
+                report = merge.merge_into(target, int(level.quota_bytes * level.high), os.path.join(base, worker),
+                                          name, current)
+                if report["blocks"] or report["stale"]:
+                    lines.append(merge.summary(worker, report))
+                    log.info("%s", lines[-1])
+        finally:
+            target.close()
+    return lines
 
 
 def _move_cache(source: str, target: str) -> None:

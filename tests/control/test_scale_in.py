@@ -1,20 +1,24 @@
 """With real worker processes: scale-in stops the least hot worker the autoscale decision names (not
 the highest-numbered one) while readers check every byte, and scaling N -> 1 keeps one worker's
-blocks as the in-process cache (cachedPercentage before/after against the stored blocks)."""
+blocks as the in-process cache and copies every other worker's current blocks into it, within
+its quota, reporting what was copied and what was left (cachedPercentage before/after against the
+stored blocks)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import threading
 
-from cluster_support import apply_cluster, block_bytes, live, open_client, stored_keys, write_files
+from cluster_support import apply_cluster, block_bytes, live, open_client, stored_keys, worker_dirs, write_files
 from datacache.api.models import AutoscalePolicy
 from datacache.api.quantity import format_bytes
 from datacache.cache.blocks import file_id
+from datacache.cache.disk import DiskTier
 from datacache.cluster import placement
 from datacache.control import workerset
 from datacache.control.controller import Controller
-from datacache.control.reconcile import percentage
 
 KiB = 1024
 BS = 64 * KiB
@@ -95,7 +99,7 @@ def test_scale_in_stops_the_least_hot_worker_while_reads_stay_right(workers_home
     assert [w["name"] for w in status["workers"]] == ["cool-worker-1", "cool-worker-2"]
 
 
-def test_scaling_to_one_replica_keeps_the_kept_workers_blocks(workers_home, tmp_path):
+def test_scaling_to_one_replica_keeps_every_workers_blocks(workers_home, tmp_path):
     files = write_files(tmp_path / "src", {f"{i:02d}.bin": 3 * BS + i for i in range(12)})
     total = sum(len(v) for v in files.values())
     plane = apply_cluster(workers_home, "one", [{"name": "local", "mountPoint": str(tmp_path / "src")}],
@@ -105,23 +109,78 @@ def test_scaling_to_one_replica_keeps_the_kept_workers_blocks(workers_home, tmp_
     states = plane.refresh_status("Dataset", "one")["cacheStates"]
     assert states["cachedPercentage"] == "100.0%"
     wanted = block_bytes(plane.load_manifest(plane.get("Dataset", "one")), BS, "one")
-    held = {w: sum(wanted[k] for k in keys if k in wanted) for w, keys in stored_keys(workers_home, "one").items()}
+    before = stored_keys(workers_home, "one")
+    held = {w: sum(wanted[k] for k in keys if k in wanted) for w, keys in before.items()}
     assert held["worker-0"] > 0 and held["worker-1"] > 0 and sum(held.values()) == total
+    dirs = worker_dirs(workers_home, "one")
 
-    line = plane.scale("one", 1, remove=("one-worker-0",))  # keep worker-1's blocks
-    assert line == "cacheruntime.datacache.io/one scaled"
+    line = plane.scale("one", 1, remove=("one-worker-0",))  # keep worker-1's directory, copy worker-0's blocks
+    copied = re.match(r"cacheruntime\.datacache\.io/one scaled \(copied worker-0: (\d+)/(\d+) blocks into the "
+                          r"in-process cache in [\d.]+s\)", line)
+    assert copied, line
+    assert int(copied[1]) == int(copied[2]) == len(before["worker-0"] & set(wanted))
     assert live(workers_home, "one") == {}
     states = plane.refresh_status("Dataset", "one")["cacheStates"]
-    assert states["cached"] == format_bytes(held["worker-1"])
-    assert states["cachedPercentage"] == percentage(held["worker-1"], total)
+    assert (states["cached"], states["cachedPercentage"]) == (format_bytes(total), "100.0%")
+    in_process = DiskTier(os.path.dirname(dirs["worker-0"]), 1 << 30)
+    try:
+        assert set(wanted) <= set(in_process.keys())
+    finally:
+        in_process.close()
+    assert not set(stored_keys_in(dirs["worker-0"])) & set(wanted)  # moved, not copied twice
     client = plane.open_dataset("one")
     try:
         for rel, data in files.items():
-            assert read(client, rel) == data
+            assert sha(read(client, rel)) == sha(data)
+        assert client.source.ufs_bytes == 0  # every block came from the kept cache
     finally:
         client.close()
-    assert plane.refresh_status("Dataset", "one")["cacheStates"]["cachedPercentage"] == "100.0%"
 
     plane.scale("one", 2)  # and back: the in-process cache becomes a worker's again
     assert sorted(live(workers_home, "one")) == ["worker-0", "worker-1"]
     assert plane.refresh_status("Dataset", "one")["cacheStates"]["cachedPercentage"] == "100.0%"
+
+
+def stored_keys_in(path: str) -> list[str]:
+    tier = DiskTier(path, 1 << 30)
+    try:
+        return list(tier.keys())
+    finally:
+        tier.close()
+
+
+def test_scaling_to_one_replica_copies_within_the_quota_and_says_what_it_left(workers_home, tmp_path):
+    files = write_files(tmp_path / "src", {f"{i:02d}.bin": 3 * BS + i for i in range(18)})  # 3.4 MiB
+    total = sum(len(v) for v in files.values())
+    plane = apply_cluster(workers_home, "tight", [{"name": "local", "mountPoint": str(tmp_path / "src")}],
+                          levels=[{"mediumtype": "SSD", "path": "cache", "quota": "3Mi"}], replicas=2,
+                          block_size="64Ki")
+    assert plane.warmup("tight", [])[1].ok
+    wanted = block_bytes(plane.load_manifest(plane.get("Dataset", "tight")), BS, "tight")
+    on_0 = stored_keys(workers_home, "tight")["worker-0"] & set(wanted)
+    dirs = worker_dirs(workers_home, "tight")
+
+    line = plane.scale("tight", 1, remove=("tight-worker-0",))
+    report = re.match(r"cacheruntime\.datacache\.io/tight scaled \(copied worker-0: (\d+)/(\d+) blocks into the "
+                      r"in-process cache in [\d.]+s; (\d+) left in its cache directory \(the in-process cache is at "
+                      r"the high watermark of its quota, (.+?)\)\)", line)
+    assert report, line
+    moved, blocks, left = (int(x) for x in report.groups()[:3])
+    assert blocks == len(on_0) and moved + left == blocks and 0 < left < blocks
+    assert report[4] == format_bytes(int(3 * 1024 * KiB * 0.95))
+    in_process = DiskTier(os.path.dirname(dirs["worker-0"]), 3 * 1024 * KiB)
+    try:
+        assert in_process.used() <= int(3 * 1024 * KiB * 0.95)
+        kept = sum(size for key, size in wanted.items() if key in set(in_process.keys()))
+    finally:
+        in_process.close()
+    assert len(set(stored_keys_in(dirs["worker-0"])) & set(wanted)) == left  # what did not fit stays there
+    states = plane.refresh_status("Dataset", "tight")["cacheStates"]
+    assert states["cached"] == format_bytes(kept) and kept < total
+    client = plane.open_dataset("tight")
+    try:
+        for rel, data in files.items():
+            assert sha(read(client, rel)) == sha(data)
+    finally:
+        client.close()
+    print(f"\n{line}")
