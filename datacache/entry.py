@@ -10,7 +10,7 @@ from dataclasses import dataclass
 class FileEntry:
     """``path``: dataset path (relative, '/'-separated); ``mount``: mount name; ``ufs_path``: path
     inside the mount's fsspec filesystem; ``size``: bytes; ``mtime``: seconds since the epoch;
-    ``version``: ETag / generation / ``mtime:size:inode`` (see ``ufs.versions``)."""
+    ``version``: ETag / generation / ``mtime:size:inode:ctime`` (see ``ufs.versions``)."""
 
     path: str
     mount: str

@@ -8,7 +8,7 @@ A version string identifies one content of one UFS file:
 | GCS (gcsfs)              | generation                               | read, then re-check generation   |
 | Azure (adlfs)            | ETag                                     | read, then re-check version      |
 | HTTP(S) (fsspec's http)  | ETag, else ``size:Last-Modified``        | ranged GET, its headers checked  |
-| local / NFS (``file``)   | ``mtime:size:inode``                     | ``fstat`` of the open file, pread|
+| local / NFS (``file``)   | ``mtime:size:inode:ctime``               | ``fstat`` of the open file, pread|
 | anything else            | ``size:mtime``                           | read, then re-check version      |
 
 A mismatch raises :class:`~datacache.errors.StaleFileError`; a vanished file raises
@@ -36,7 +36,9 @@ _VERSION_FIELDS = ("ETag", "etag", "generation", "version_id", "VersionId")
 def version_of(fs, info: dict) -> str:
     """Version string of the file described by fsspec ``info`` on filesystem ``fs``."""
     if _is_local(fs):
-        return f"{info.get('mtime')!r}:{info['size']}:{info.get('ino', 0)}"
+        # ctime too: a rewrite in place keeping size and mtime (cp --preserve=timestamps onto an
+        # existing file, normalised archive dates) changes only ctime.
+        return f"{info.get('mtime')!r}:{info['size']}:{info.get('ino', 0)}:{info.get('created')!r}"
     for field in _VERSION_FIELDS:
         if info.get(field):
             return str(info[field])
@@ -120,7 +122,7 @@ def _read_local(path: str, version: str, start: int, end: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
         st = os.fstat(fd)
-        if f"{st.st_mtime!r}:{st.st_size}:{st.st_ino}" != version:
+        if f"{st.st_mtime!r}:{st.st_size}:{st.st_ino}:{st.st_ctime!r}" != version:
             raise StaleFileError(path, "the file changed on disk since the manifest was taken")
         return os.pread(fd, end - start, start)
     finally:

@@ -31,6 +31,13 @@ def _user_errors():
     return (MountError, DatacacheError, mountinfo.UnmountError)
 
 
+class _UserError(click.ClickException):
+    """A user mistake: ``error: ...`` on stderr, exit 1, as every other ``datacache`` command."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
 def _check_dataset(home: str, dataset: str, namespace: str) -> None:
     """Raise ``ResourceError`` (one line, with the fix) unless ``dataset`` exists with a runtime."""
     from datacache.control.embedded import Embedded
@@ -47,7 +54,7 @@ def _check_dataset(home: str, dataset: str, namespace: str) -> None:
 
 @click.command()
 @click.argument("dataset")
-@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.argument("mountpoint")  # not click.Path: it would stat the path, which hangs on a hung mount
 @click.option("-n", "--namespace", default="default", show_default=True, help="Namespace of the dataset.")
 @click.option("--background", is_flag=True,
               help="Run the daemon detached; return once the mount answers.")
@@ -101,11 +108,11 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
             serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
                   allow_nonempty=allow_nonempty, no_open=False if open_handles else None)
     except _user_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise _UserError(str(err)) from None
 
 
 @click.command()
-@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.argument("mountpoint")  # not click.Path: it would stat the path, which hangs on a hung mount
 @click.option("--home", type=click.Path(file_okay=False), default=None,
               help="DATACACHE_HOME (to find the daemon and wait for it).")
 @click.option("--wait", "wait_s", type=float, default=5.0, show_default=True,
@@ -119,4 +126,4 @@ def unmount(mountpoint, home, wait_s):
     try:
         click.echo(_unmount(mountpoint, _home(home), wait_s))
     except _user_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise _UserError(str(err)) from None

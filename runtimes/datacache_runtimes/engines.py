@@ -25,7 +25,7 @@ from datacache_runtimes.secretfiles import secret_files
 class MountedDirFileSystem(LocalFileSystem):
     """A FUSE command's mounted directory: local files, versioned by size and mtime.
 
-    As ``file`` they would be versioned ``mtime:size:inode``, but a FUSE mount's inode numbers are
+    As ``file`` they would be versioned ``mtime:size:inode:ctime``, but a FUSE mount's inode numbers are
     its program's own (sshfs numbers files per session), so they change whenever the command
     restarts, and every cached block would be orphaned by a remount or a reboot. Under a protocol
     of its own, ``datacache.ufs.versions`` versions a file by size and mtime (what SFTP-like stores

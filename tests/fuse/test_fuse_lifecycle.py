@@ -82,6 +82,23 @@ def test_unmount_removes_a_dead_mount(fuse_env, mountpoint):
     assert os.listdir(mountpoint) == []  # the plain directory again
 
 
+def test_unmount_of_a_hung_daemon_returns(fuse_env, mountpoint):
+    """A stopped (hung) daemon: unmount must not touch the mount point (a stat would block)."""
+    pid = mount(fuse_env, mountpoint)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        r = cli("unmount", mountpoint, timeout=30, home=fuse_env.home)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith(f"unmounted {mountpoint}"), r.stdout
+        assert not is_listed(mountpoint)
+    except BaseException:
+        os.kill(pid, signal.SIGCONT)
+        force_cleanup(fuse_env.home, mountpoint, pid)
+        raise
+    os.kill(pid, signal.SIGCONT)  # its session is gone: it exits
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 15, "the daemon to exit once continued")
+
+
 def test_restart_supervisor_remounts_after_sigkill(fuse_env, mountpoint):
     supervisor = mount(fuse_env, mountpoint, "--restart")
     try:
@@ -162,7 +179,7 @@ def test_mount_refuses_a_nonempty_directory_unless_allowed(fuse_env, mountpoint)
     for extra in (["--background"], []):  # the CLI's check, and the daemon's own
         r = cli("mount", fuse_env.name, mountpoint, *extra, home=fuse_env.home)
         assert r.returncode == 1, r
-        assert r.stderr.strip() == (f"Error: {mountpoint} is not empty: a mount would hide its files; use an "
+        assert r.stderr.strip() == (f"error: {mountpoint} is not empty: a mount would hide its files; use an "
                                     f"empty directory, or pass --allow-nonempty to mount over them")
         assert not is_listed(mountpoint)
     mount(fuse_env, mountpoint, "--allow-nonempty")
@@ -183,7 +200,7 @@ def test_mount_of_unknown_dataset_fails_cleanly(fuse_env, mountpoint):
     for extra in (["--background", "--timeout", "30"], []):  # refused before any daemon starts
         r = cli("mount", "no-such-dataset", mountpoint, *extra, home=fuse_env.home)
         assert r.returncode == 1
-        assert r.stderr.strip() == ("Error: dataset default/no-such-dataset not found: apply it first "
+        assert r.stderr.strip() == ("error: dataset default/no-such-dataset not found: apply it first "
                                     "(datacache apply -f FILE); see 'datacache get datasets'")
         assert not is_listed(mountpoint)
 

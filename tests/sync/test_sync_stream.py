@@ -102,7 +102,7 @@ def test_local_walk_lists_every_file_with_its_version(datacache_home, tmp_path):
     for e in manifest:
         st = os.stat(root / e.path)
         assert (e.size, e.ufs_path, e.version) == (st.st_size, f"{root}/{e.path}",
-                                                   f"{st.st_mtime!r}:{st.st_size}:{st.st_ino}")
+                                                   f"{st.st_mtime!r}:{st.st_size}:{st.st_ino}:{st.st_ctime!r}")
     os.remove(root / "a/b/c")
     (root / "a/b0").write_bytes(b"longer now")
     (root / "new.txt").write_bytes(b"n")
@@ -148,3 +148,33 @@ def test_cli_progress_lines_go_to_stderr(capsys, monkeypatch):
     quiet = _sync_progress("small", every_s=3600)  # a sync shorter than the interval prints nothing
     quiet(5)
     assert capsys.readouterr().err == ""
+
+
+def test_local_rewrite_keeping_size_and_mtime_is_a_new_version(tmp_path, datacache_home):
+    """cp --preserve=timestamps onto an existing file (or any rewrite that restores the mtime):
+    same size, same mtime, same inode; only ctime tells (case C3 for local sources)."""
+    import subprocess
+
+    root = tmp_path / "src"
+    root.mkdir()
+    old, new = os.urandom(3 << 20), os.urandom(3 << 20)
+    for name, data in (("f.bin", old), ("new.bin", new)):
+        (root / name).write_bytes(data)
+        os.utime(root / name, (315532800, 315532800))
+    plane = apply_dataset(datacache_home, "cp", [{"name": "l", "mountPoint": str(root)}])
+    client = plane.open_dataset("cp")
+    try:
+        assert client.open("f.bin").read(1 << 20) == old[:1 << 20]  # the first block cached
+        ino = os.stat(root / "f.bin").st_ino
+        subprocess.run(["cp", "--preserve=timestamps", str(root / "new.bin"), str(root / "f.bin")], check=True)
+        st = os.stat(root / "f.bin")
+        assert (st.st_ino, st.st_size, st.st_mtime) == (ino, len(old), 315532800)
+        diff = plane.sync("cp")
+        assert diff.changed == ["f.bin"]
+    finally:
+        client.close()
+    client = plane.open_dataset("cp")
+    try:
+        assert client.open("f.bin").read() == new
+    finally:
+        client.close()
