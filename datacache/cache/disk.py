@@ -17,7 +17,12 @@ Layout and safety:
   order holds in this process and is at most that late across processes.
 - A process killed while storing a block leaves a file with no index row; such files, once older
   than ``ORPHAN_GRACE_S``, are deleted by a sweep when a tier opens the directory (one sweep per
-  directory per ``ORPHAN_GRACE_S``, whichever process opens it first).
+  directory per ``ORPHAN_GRACE_S``, whichever process opens it first). An index with no rows
+  (new, or emptied under us) names no file: every block file then found is deleted at open, whatever
+  its age, so the quota counts all that is there.
+- A damaged index (SQLite "file is not a database", "database disk image is malformed"), found at
+  open or by a later read or write, is deleted with a warning naming the directory, with the block
+  files it indexed (unverifiable without their checksums); the tier starts again empty.
 - A failing device never fails a read. A device that fills before the quota (ENOSPC, SQLite "disk
   is full") evicts to the low watermark and tries once more, else skips caching that block; any
   other write or index error (read-only or vanished directory, EIO) marks the tier unhealthy: it
@@ -47,6 +52,7 @@ log = logging.getLogger(__name__)
 RECHECK_S = 30.0  # seconds an unhealthy tier is left alone before a write is tried again
 ORPHAN_GRACE_S = 600.0  # an unindexed block file older than this is a crash's leftover
 ACCESS_FLUSH_S = 1.0  # seconds between two writes of the blocks' access times to the index
+_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # diskcache's SQLite index and its WAL
 _SELECT_BLOCK = "SELECT filename, tag, size FROM Cache WHERE key = ? AND raw = 1 AND filename IS NOT NULL"
 
 
@@ -67,6 +73,47 @@ def _read_block(path: str, size: int) -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _flocked(fd: int):
+    """Hold the exclusive ``flock`` on ``fd`` (the directory's ``.lock``): other processes wait."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _hex_dirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as entries:
+            return [e.path for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)
+                    and all(c in "0123456789abcdef" for c in e.name)]
+    except FileNotFoundError:  # removed meanwhile (diskcache deletes emptied subdirectories)
+        return []
+
+
+def _block_files(path: str):
+    """Paths of the block files of the cache directory ``path``: diskcache names them
+    ``<2 hex>/<2 hex>/<hex>.val`` (``diskcache.Disk.filename``). Only that layout is walked: the
+    workers' own tiers are directories below the in-process one, and their blocks are theirs."""
+    for top in _hex_dirs(path):
+        for sub in _hex_dirs(top):
+            with contextlib.suppress(FileNotFoundError), os.scandir(sub) as entries:
+                yield from (e.path for e in entries if e.name.endswith(".val"))
+
+
+def _close(peek: diskcache.Cache, cache: diskcache.Cache, lock_fd: int) -> None:
+    peek.close()
+    cache.close()
+    os.close(lock_fd)
+
+
+def _is_damaged(err: BaseException) -> bool:
+    """True for SQLite's "file is not a database" and "database disk image is malformed": the
+    index file itself is bad (not the device or its permissions, which are ``OperationalError``)."""
+    return getattr(err, "sqlite_errorcode", None) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
 def _is_full(err: BaseException) -> bool:
@@ -126,6 +173,7 @@ class DiskTier:
         self.full_bypasses = 0
         self.write_errors = 0
         self.healthy = True
+        self._damaged = False  # the last error said the index is damaged: the recheck reopens it
         self._unhealthy_since = 0.0
         self._accessed: dict[str, float] = {}  # key -> time of its last use, not yet in the index
         self._accessed_lock = threading.Lock()
@@ -137,24 +185,16 @@ class DiskTier:
         """Open (creating it if needed) the directory and its index; True on success. A directory
         that cannot be used (read-only, not ours, on a failed device) leaves the tier unhealthy
         with a warning naming the directory and the fix: the dataset still opens and reads come
-        from the UFS (a cache that cannot cache is slower, never an error)."""
+        from the UFS (a cache that cannot cache is slower, never an error). A damaged index is
+        replaced by an empty one (see :meth:`_open_index`)."""
         try:
             private.makedirs(self.path)
             lock_fd = os.open(private.touch(os.path.join(self.path, ".lock")), os.O_RDWR)
         except OSError as err:
             return self._cannot_open(err)
         try:
-            cache = diskcache.Cache(
-                self.path,
-                disk=_PrivateDisk,
-                eviction_policy="least-recently-used",
-                size_limit=2**62,  # culling is ours (watermarks), never diskcache's own
-                cull_limit=0,
-                disk_min_file_size=0,
-                # Keep the write-ahead log small: it counts against the quota too.
-                sqlite_wal_autocheckpoint=256,
-                sqlite_journal_size_limit=1 << 20,
-            )
+            with _flocked(lock_fd):
+                cache = self._open_index()
         except (OSError, sqlite3.Error) as err:
             os.close(lock_fd)
             return self._cannot_open(err)
@@ -162,7 +202,7 @@ class DiskTier:
         # of the block (read-ahead hints, short-circuit paths): only get() counts as a use.
         self._peek = diskcache.Cache(self.path, disk=_PrivateDisk)
         self._peek.reset("eviction_policy", "least-recently-stored", update=False)
-        for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+        for name in _INDEX_FILES:
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(os.path.join(self.path, name), private.FILE_MODE)
         self._lock_fd, self._cache = lock_fd, cache
@@ -174,7 +214,55 @@ class DiskTier:
         if not self.healthy:
             log.warning("cache tier %s (%s) is usable again", self.path, self.medium)
             self.healthy = True
+        self._damaged = False
         return True
+
+    def _open_index(self) -> diskcache.Cache:
+        """The directory's index, opened with the directory's lock held (so no put of any process
+        is between writing a block file and its row). Raises ``OSError``/``sqlite3.Error`` when
+        the directory cannot be used.
+
+        A damaged index ("file is not a database", "database disk image is malformed") is
+        deleted with a warning and a new one made: a tier that would refuse every open until
+        someone deletes a file by hand sends all reads to the UFS for good. An index with no
+        rows (new, damaged, or emptied under us) names no block file, so every block file then
+        in the directory is an orphan and is deleted whatever its age (those of a damaged index
+        cannot be verified without their checksums anyway), else they would sit outside the
+        quota until the grace-period sweep. Deleting them is safe against another process: its
+        put writes the file and then the row under the same lock, so none is half done here; and
+        a row whose file is gone is a miss (see :meth:`get`), never wrong bytes."""
+        cache = None
+        try:
+            cache = self._connect()
+            empty = cache._sql("SELECT 1 FROM Cache LIMIT 1").fetchone() is None
+        except sqlite3.DatabaseError as err:
+            if not _is_damaged(err):
+                raise
+            if cache is not None:  # opened, damaged further in
+                cache.close()
+            for name in _INDEX_FILES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.path, name))
+            log.warning("cache tier %s (%s): its index %s was damaged (%s): deleted with the block files it "
+                        "indexed (they cannot be verified without it); the tier starts empty", self.path,
+                        self.medium, os.path.join(self.path, "cache.db"), err)
+            cache, empty = self._connect(), True
+        if empty:
+            self.orphans_removed += self._delete_block_files(set(), cutoff=None)
+        return cache
+
+    def _connect(self) -> diskcache.Cache:
+        return diskcache.Cache(
+            self.path,
+            disk=_PrivateDisk,
+            eviction_policy="least-recently-used",
+            size_limit=2**62,  # culling is ours (watermarks), never diskcache's own
+            cull_limit=0,
+            disk_min_file_size=0,
+            # Keep the write-ahead log small: it counts against the quota too.
+            sqlite_wal_autocheckpoint=256,
+            sqlite_journal_size_limit=1 << 20,
+        )
 
     def _cannot_open(self, err: BaseException) -> bool:
         if self.healthy:
@@ -189,12 +277,8 @@ class DiskTier:
 
     @contextlib.contextmanager
     def _exclusive(self):
-        with self._lock:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        with self._lock, _flocked(self._lock_fd):
+            yield
 
     def used(self) -> int:
         """Bytes on disk under the directory: blocks, index database and its write-ahead log."""
@@ -358,16 +442,21 @@ class DiskTier:
         nothing would ever count or delete it, so crashes would grow the directory past the quota.
         Files younger than ``ORPHAN_GRACE_S`` may be another process's write in flight: kept.
         Runs in a thread at start-up, touching only the file system."""
-        cutoff = time.time() - ORPHAN_GRACE_S
-        for root, _, names in os.walk(self.path):
-            for name in names:
-                full = os.path.join(root, name)
-                if not name.endswith(".val") or os.path.relpath(full, self.path) in known:
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    if os.stat(full).st_mtime < cutoff:
-                        os.unlink(full)
-                        self.orphans_removed += 1
+        self.orphans_removed += self._delete_block_files(known, cutoff=time.time() - ORPHAN_GRACE_S)
+
+    def _delete_block_files(self, known: set[str], cutoff: float | None) -> int:
+        """Delete the block files of the directory not in ``known`` (paths relative to it) and,
+        unless ``cutoff`` is None, last modified before ``cutoff`` (seconds since the epoch).
+        Returns how many."""
+        removed = 0
+        for full in _block_files(self.path):
+            if os.path.relpath(full, self.path) in known:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if cutoff is None or os.stat(full).st_mtime < cutoff:
+                    os.unlink(full)
+                    removed += 1
+        return removed
 
     def _usable(self) -> bool:
         """False while unhealthy; an unhealthy tier is tried again after ``RECHECK_S`` seconds
@@ -376,12 +465,24 @@ class DiskTier:
             return True
         if time.monotonic() - self._unhealthy_since <= RECHECK_S:
             return False
-        return self._cache is not None or self._open()
+        with self._lock:  # one thread reopens
+            if self._cache is None:
+                return self._open()
+            if not self._damaged:
+                return True
+            # Damaged while open: open (so replace) it anew, then close the old handles (a read
+            # still using one gets an error, so a miss).
+            old = self._peek, self._cache, self._lock_fd
+            if not self._open():
+                self._cache = self._peek = None
+            _close(*old)
+            return self._cache is not None
 
     def _mark_unhealthy(self, err: BaseException) -> None:
         if self.healthy:
             log.warning("cache tier %s (%s) is unhealthy, reads go to the UFS: %s", self.path, self.medium, err)
         self.healthy = False
+        self._damaged = _is_damaged(err)
         self.write_errors += 1
         self._unhealthy_since = time.monotonic()
 
@@ -425,6 +526,5 @@ class DiskTier:
             return
         with contextlib.suppress(OSError, sqlite3.Error):  # a failing device loses only LRU order
             self.flush_accesses()
-        self._peek.close()
-        self._cache.close()
-        os.close(self._lock_fd)
+        _close(self._peek, self._cache, self._lock_fd)
+        self._cache = self._peek = None
