@@ -26,7 +26,7 @@ class DatasetClient:
 
     ``name``: dataset name; ``manifest``: current snapshot; ``source``: block source (see
     ``cache.source``); ``ufs``: its ``UnionNamespace`` (for per-file refresh); ``save_manifest``:
-    callable persisting a refreshed manifest; ``readahead``: blocks read ahead on sequential reads;
+    callable ``(manifest, path)`` persisting a manifest refreshed for dataset ``path``; ``readahead``: blocks read ahead on sequential reads;
     ``load_manifest``: callable returning the stored manifest (for :meth:`reload` after a metadata
     sync by another process); ``manifest_path``: the stored manifest's file, whose
     ``(inode, mtime_ns, size)`` tells cheaply whether a sync replaced it; ``reload_interval``:
@@ -212,7 +212,7 @@ class DatasetClient:
             previous, self._manifest = self._manifest, new
             self.generation += 1
             if self._save is not None:
-                self._save(new)
+                self._save(new, old.path)
         self._changed(previous, new)
         return entry
 

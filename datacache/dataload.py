@@ -64,13 +64,15 @@ class TargetProgress:
 @dataclass
 class Progress:
     """Live counters for a progress bar: files and bytes done out of the totals, overall (a file
-    under several targets counts once) and per target (``targets``, in the order given)."""
+    under several targets counts once) and per target (``targets``, in the order given);
+    ``bytes_loaded``: bytes read from the UFS so far, the numerator of the load rate."""
 
     files_total: int = 0
     bytes_total: int = 0
     files_done: int = 0
     bytes_done: int = 0
     targets: list[TargetProgress] = field(default_factory=list)
+    bytes_loaded: int = 0  # read from the UFS so far (blocks already cached are skipped: not counted)
 
 
 def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segment_bytes: int = 32 << 20,
@@ -148,6 +150,7 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
     errors: dict[str, str] = {}
     remaining = {e.path: block_count(e.size, bs) for e in entries}
     lock = threading.Lock()
+    ufs_before = source.ufs_bytes
 
     def job(entry: FileEntry, first: int, last: int) -> None:
         try:
@@ -161,6 +164,7 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
             remaining[entry.path] -= last - first + 1
             _count(progress, owners[entry.path], min((last + 1) * bs, entry.size) - first * bs,
                    remaining[entry.path] == 0)
+            progress.bytes_loaded = source.ufs_bytes - ufs_before
             if on_progress is not None:
                 on_progress(progress)
 

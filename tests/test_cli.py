@@ -163,7 +163,8 @@ def test_delete_refuses_a_mounted_dataset_unless_forced(datacache_home, tmp_path
         assert dc("get", "dataset", "mnt", home=datacache_home).returncode == 0  # still there
 
         forced = dc("delete", "dataset", "mnt", "--force", home=datacache_home)
-        assert forced.stdout.decode() == "dataset.datacache.io/mnt deleted\n", forced.stderr.decode()
+        assert forced.stdout.decode() == ("dataset.datacache.io/mnt deleted (cacheruntime mnt stays, with its workers "
+                                          "and cache: datacache delete cacheruntime mnt)\n"), forced.stderr.decode()
         assert fuse_mounts_of("default", "mnt") == []
         gone = dc("get", "dataset", "mnt", home=datacache_home)
         assert gone.returncode == 1 and "not found" in gone.stderr.decode()

@@ -199,6 +199,16 @@ _EXTRA_SCHEMES: set[str] = {"file", "local"}
 _POPULAR_SCHEMES = ("s3", "gs", "az", "http", "https", "file", "memory", "sftp")
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
+_PLACEHOLDER = re.compile(r"\$\{(?P<var>[^}]*)\}")
+
+
+def _unfilled(value: str) -> str:
+    """'' or why ``value`` still holds a template's ``${VAR}`` placeholder (example files ship them)."""
+    names = [m["var"] for m in _PLACEHOLDER.finditer(value)]
+    if not names:
+        return ""
+    return (f"'{value}' holds the unfilled placeholder(s) {', '.join('${' + n + '}' for n in names)}: replace "
+            "them with your own values (the comment at the top of the example file says what each one is)")
 
 
 def register_scheme(name: str) -> None:
@@ -316,6 +326,8 @@ class Mount(_Model):
     @field_validator("mount_point")
     @classmethod
     def _check_mount_point(cls, value: str) -> str:
+        if _unfilled(value):
+            raise ValueError(_unfilled(value))
         if value.startswith("/"):
             return value
         match = _URL.match(value)
@@ -349,6 +361,8 @@ class Mount(_Model):
                 )))
             elif not isinstance(item, (str, int, float, bool)):
                 problems.append(((key,), f"expected a string, number or boolean, got {describe(item)}"))
+            elif isinstance(item, str) and _unfilled(item):
+                problems.append(((key,), _unfilled(item)))
         problems += [((key,), msg) for key, msg in option_problems(value)]  # UFS timeouts, retries
         if problems:
             raise FieldProblems(problems)
@@ -778,6 +792,10 @@ def _check_cron(schedule: str) -> None:
                         ok = ok and bound.lower() in names
             if not ok:
                 raise ValueError(f"'{schedule}': '{text}' is not a valid {what} field ({low}-{high})")
+    if len(fields) == 6 and fields[5] == "*":  # Quartz order (seconds first) read as croniter's
+        raise ValueError(f"'{schedule}': the 6th field is seconds (croniter's order: minute hour day-of-month "
+                         "month day-of-week second) and '*' there fires every second: write 0 for once a "
+                         "minute, */N for every N seconds, or drop it for a 5-field schedule")
 
 
 class DataLoadDataset(_Model):
@@ -815,7 +833,10 @@ class DataLoadSpec(_Model):
     target: list[DataLoadTarget] = Field(default_factory=list)
     load_metadata: bool = False
     policy: Literal["Once", "Cron", "OnEvent"] = "Once"
-    schedule: str | None = None
+    schedule: str | None = Field(default=None, description=(
+        "Cron schedule (UTC) for policy Cron: 5 fields 'minute hour day-of-month month day-of-week', or 6 "
+        "with SECONDS LAST as croniter reads them ('* * * * * */10' = every 10 s; a Quartz-style "
+        "seconds-first '*/20 * * * * *' is refused)."))
 
     @model_validator(mode="after")
     def _check_schedule(self) -> "DataLoadSpec":

@@ -6,30 +6,33 @@ User mistakes (bad YAML, unknown resources, missing paths) print one clear ``err
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from datacache.cli import cluster, controller, crds, data, resources
+from datacache.control.embedded import describe_error
 from datacache.errors import DatacacheError
 
 
 class _Group(click.Group):
-    """Turns expected errors into one line on stderr and exit status 1."""
+    """Turns expected errors into one ``error: ...`` line on stderr and exit status 1 (a closed
+    stdout pipe ends a command quietly)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:  # `datacache ls ... | head`: the reader has all it wanted, as for coreutils
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         except (DatacacheError, OSError) as err:
-            click.echo(f"error: {_describe(err)}", err=True)
+            click.echo(f"error: {describe_error(err)}", err=True)
             sys.exit(1)
-
-
-def _describe(err: BaseException) -> str:
-    if isinstance(err, OSError) and err.strerror:
-        where = f"{err.filename}: " if err.filename else ""
-        return f"{where}{err.strerror}"
-    return str(err)
+        except click.UsageError:
+            raise  # click's usage text, then its "Error: ..." line, exit 2
+        except click.ClickException as err:  # raised by commands (mount, unmount): same form as the rest
+            click.echo(f"error: {err.format_message()}", err=True)
+            sys.exit(err.exit_code)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

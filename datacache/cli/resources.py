@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 import yaml
 
 from datacache.api.loader import load_resources
 from datacache.cli.tables import table
-from datacache.control.embedded import Embedded
+from datacache.control.dataloads import next_schedule_iso
+from datacache.control.embedded import ApplyError, Embedded
 
 KIND_NAMES = {
     "dataset": "Dataset", "datasets": "Dataset", "ds": "Dataset",
@@ -33,8 +35,16 @@ home_option = click.option("--home", envvar="DATACACHE_HOME", default=None,
 def apply(files, home):
     """Create or update resources from YAML files (Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, DataLoad)."""
     plane = Embedded(home)  # first: it registers the URL schemes of stored ThinRuntimeProfiles
-    docs = [res for f in files for res in load_resources(f)]
-    for line in plane.apply(docs):
+    docs = [res for f in files for res in load_resources(f)]  # any invalid document: nothing is stored
+    try:
+        lines = plane.apply(docs)
+    except ApplyError as err:  # the others are applied, each failure is said
+        for line in err.lines:
+            click.echo(line)
+        for failure in err.failures:
+            click.echo(f"error: {failure}", err=True)
+        sys.exit(1)
+    for line in lines:
         click.echo(line)
 
 
@@ -73,6 +83,9 @@ def describe(kind, name, namespace, home):
     plane.get(kind, name, namespace)
     plane.refresh_status(kind, name, namespace)
     doc = plane.state.get(kind, name, namespace)
+    upcoming = next_schedule_iso(doc) if kind == "DataLoad" else None
+    if upcoming:  # computed, not stored: the schedule's next time after the last run
+        doc.setdefault("status", {})["nextScheduleTime"] = upcoming
     click.echo(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from datacache.api.quantity import format_bytes
+from datacache.control.dataloads import next_schedule_iso
 
 # (header, getter over a document); columns after WIDE_FROM appear with -o wide only.
 COLUMNS = {
@@ -53,6 +54,7 @@ COLUMNS = {
         ("POLICY", lambda d: d["spec"].get("policy", "Once")),
         ("SCHEDULE", lambda d: d["spec"].get("schedule") or ""),
         ("LAST SCHEDULE", lambda d: age(_st(d, "lastScheduleTime") or None)),
+        ("NEXT SCHEDULE", lambda d: next_schedule_iso(d) or ""),
         ("TARGETS (LOADED/TOTAL)", lambda d: _targets(d)),
     ],
 }

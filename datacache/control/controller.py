@@ -9,7 +9,9 @@ Every ``interval`` seconds one :meth:`Controller.tick`:
 - evaluates each CacheRuntime's ``spec.autoscale`` with :func:`.autoscale.decide` on its workers'
   capacity and use, and scales it (:meth:`Embedded.scale`).
 
-One resource's failure is logged and does not stop the others. Work runs in the tick's thread, one
+One resource's failure is logged and does not stop the others. Each action is logged at INFO (a
+sync only when it found changes: an unchanged one is DEBUG; each DataLoad run with its result,
+OnEvent ones by :meth:`Embedded.run_on_event`). Work runs in the tick's thread, one
 item at a time: a long DataLoad delays the next tick, it never runs twice at once. Scale-in stops
 the workers the decision names (the least hot ones, see :mod:`.workerset`).
 The time of the last scaling is kept in the runtime's ``status.lastScaleTime``, so a cooldown
@@ -81,8 +83,12 @@ class Controller:
         if now - last < interval:
             return ""
         self._synced[(ns, name)] = now
-        added, changed, deleted = self.plane.sync(name, ns).counts
-        return f"dataset {ns}/{name} synced: {added} added, {changed} changed, {deleted} deleted"
+        added, changed, deleted = self.plane.sync(name, ns).counts  # OnEvent runs are logged by the plane
+        line = f"dataset {ns}/{name} synced: {added} added, {changed} changed, {deleted} deleted"
+        if added or changed or deleted:
+            return line
+        log.debug("%s", line)  # every interval: only worth a line when debugging
+        return ""
 
     # -- Cron DataLoads ------------------------------------------------------------------------------
     def _cron(self, doc: dict, now: float) -> str:
@@ -94,7 +100,7 @@ class Controller:
             return ""
         dataload = load_resource_dict(doc, f"state:DataLoad/{meta['namespace']}/{meta['name']}")
         result = self.plane.run_dataload(dataload, cancel=self._stop)
-        return f"dataload {meta['namespace']}/{meta['name']} ran on schedule: {'Complete' if result.ok else 'Failed'}"
+        return f"dataload {meta['namespace']}/{meta['name']} ran on schedule: {dataloads.outcome(result)}"
 
     # -- autoscale -----------------------------------------------------------------------------------
     def _autoscale(self, doc: dict, now: float) -> str:

@@ -13,6 +13,7 @@ which starts when the runtime is applied or the dataset opened, and stops when e
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -29,9 +30,9 @@ from datacache.cache.source import LocalBlockSource
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.client import DatasetClient
-from datacache.cluster import source as cluster_source
+from datacache.cluster import auth, source as cluster_source
 from datacache.cluster.status import observe_workers
-from datacache.control import dataloads, observe, reconcile, supervisor, syncmark, workerset
+from datacache.control import dataloads, observe, reconcile, refreshed, supervisor, syncmark, workerset
 from datacache.control.mounts import fuse_mounts_of, lazy_unmount
 from datacache.control.state import StateStore, default_home, now_iso
 from datacache.control.sync import sync_manifest
@@ -43,6 +44,7 @@ from datacache_runtimes import engine_for, register_profile_schemes, stop_runtim
 
 # A ThinRuntime (and its profile) goes before its Dataset: the Dataset's sync reads through it.
 _APPLY_ORDER = {"ThinRuntimeProfile": -2, "ThinRuntime": -1, "Dataset": 0, "CacheRuntime": 1, "DataLoad": 2}
+log = logging.getLogger("datacache.dataloads")
 READAHEAD_BUDGET = 256 << 20  # bytes held by read-ahead and fills in flight, per process
 
 
@@ -57,20 +59,39 @@ class Embedded:
 
     # -- resources -------------------------------------------------------------------------------
     def apply(self, resources: list) -> list[str]:
-        """Store and reconcile ``resources`` (models); returns one line per resource, kubectl-style
-        (``dataset.datacache.io/demo created``). DataLoads with policy Once run before returning."""
-        lines = []
+        """Store and reconcile ``resources`` (models, already validated); returns one line per
+        resource, kubectl-style (``dataset.datacache.io/demo created``). DataLoads with policy Once
+        run before returning. As ``kubectl apply`` does, a document whose reconcile fails (a
+        Dataset's first sync, a DataLoad's run) does not stop the others: it is stored and its
+        status says why; then :class:`ApplyError` is raised with every line and every failure."""
+        lines, failures = [], []
         for res in sorted(resources, key=lambda r: _APPLY_ORDER[r.kind]):
-            doc = to_document(res)
-            doc.pop("status", None)
-            old = self.state.get(res.kind, res.metadata.name, res.metadata.namespace)
-            self.state.put(doc)
-            verb = "created" if old is None else ("unchanged" if _same_spec(old, doc) else "configured")
-            lines.append(f"{res.kind.lower()}.datacache.io/{res.metadata.name} {verb}")
+            label = f"{res.kind.lower()}.datacache.io/{res.metadata.name}"
+            try:
+                lines.append(f"{label} {self._apply_one(res)}")
+            except _Stored as err:  # kept, with a status saying why (phase Failed)
+                lines.append(f"{label} {err.verb}")
+                failures.append(f"{label}: stored, but failed: {describe_error(err.__cause__)}")
+            except (DatacacheError, OSError) as err:
+                lines.append(f"{label} not applied")
+                failures.append(f"{label}: {describe_error(err)}")
+        if failures:
+            raise ApplyError(lines, failures)
+        return lines
+
+    def _apply_one(self, res) -> str:
+        """Store ``res`` and act on it; returns the verb (``created`` ...). A failure after the
+        store is raised as :class:`_Stored` (its ``__cause__`` the error)."""
+        doc = to_document(res)
+        doc.pop("status", None)
+        old = self.state.get(res.kind, res.metadata.name, res.metadata.namespace)
+        self.state.put(doc)
+        verb = "created" if old is None else ("unchanged" if _same_spec(old, doc) else "configured")
+        try:
             if res.kind == "Dataset" and (verb != "unchanged" or self.load_manifest(res) is None):
                 self.sync(res.metadata.name, res.metadata.namespace)
             elif res.kind == "CacheRuntime":
-                lines[-1] += supervisor.converge(self.home, res)
+                verb += supervisor.converge(self.home, res)
             elif res.kind == "DataLoad" and res.spec.policy == "Once" and verb != "unchanged":
                 self.run_dataload(res)
             elif res.kind == "DataLoad" and verb == "created":  # Cron / OnEvent: the controller runs it
@@ -78,13 +99,16 @@ class Embedded:
             elif (res.kind == "ThinRuntime" and verb != "unchanged"
                   and self.state.get("Dataset", res.metadata.name, res.metadata.namespace)):
                 self.sync(res.metadata.name, res.metadata.namespace)  # (re)starts it, re-lists through it
-        return lines
+        except (DatacacheError, OSError) as err:
+            raise _Stored(verb) from err
+        return verb
 
     def scale(self, name: str, replicas: int, namespace: str = "default", remove: tuple[str, ...] = ()) -> str:
         """Set a CacheRuntime's ``replicas`` and wait for its workers (``datacache scale``);
         ``remove``: on scale-in, the workers to stop (``worker-<i>`` or ``<name>-worker-<i>``; by
         default the highest indexes), see :mod:`.workerset`. Returns
-        ``cacheruntime.datacache.io/NAME scaled`` plus a note when not all are ready. Raises
+        ``cacheruntime.datacache.io/NAME scaled`` plus a note when not all are ready, or, for
+        ``replicas`` 0 or 1, that the in-process cache serves (no worker processes). Raises
         ``ValueError`` for a name in ``remove`` that is not a worker's."""
         runtime = self.get("CacheRuntime", name, namespace)
         supervisor.drain_timeout()  # a wrong $DATACACHE_DRAIN_TIMEOUT_S fails before anything changes
@@ -94,8 +118,8 @@ class Embedded:
         workerset.write(self.home, namespace, name,
                         workerset.plan(replicas, current, [workerset.index_of(w) for w in remove]))
         runtime.spec.replicas = replicas
-        line = self.apply([runtime])[0]
-        return line.replace(" configured", " scaled").replace(" unchanged", " scaled")
+        line = self.apply([runtime])[0].replace(" configured", " scaled").replace(" unchanged", " scaled")
+        return line if supervisor.distributed(runtime) else f"{line} (replicas {replicas}: {reconcile.IN_PROCESS_NOTE})"
 
     def get(self, kind: str, name: str, namespace: str = "default"):
         """The resource model, or raises ResourceError naming what is missing."""
@@ -127,20 +151,33 @@ class Embedded:
                 stats = self._stats(runtime)
                 stats.reset(name)
                 stats.close()
+                self._drop_stats(runtime)
                 stop_runtime(runtime, self.home)
             shutil.rmtree(self._dataset_dir(res), ignore_errors=True)
             for doc in self.state.list("DataLoad", namespace):
                 if doc["spec"]["dataset"]["name"] == name:  # owned by the dataset, as in Fluid
                     self.state.delete("DataLoad", doc["metadata"]["name"], namespace)
-        elif kind == "CacheRuntime":
+            self.state.delete(kind, name, namespace)
+            if runtime is not None:  # a runtime is its own resource, as in Fluid
+                return (f"dataset.datacache.io/{name} deleted ({runtime.kind.lower()} {name} stays, with its "
+                        f"workers and cache: datacache delete {runtime.kind.lower()} {name})")
+            return f"dataset.datacache.io/{name} deleted"
+        if kind == "CacheRuntime":
             supervisor.stop(self.home, namespace, name)
             workerset.forget(self.home, namespace, name)
             self._drop_cache_dirs(res)
+            self._drop_stats(res)
+            shutil.rmtree(auth.runtime_dir(self.home, namespace, name), ignore_errors=True)  # its worker token
         elif kind == "ThinRuntime":
             stop_runtime(res, self.home)
             self._drop_cache_dirs(res)
+            self._drop_stats(res)
         self.state.delete(kind, name, namespace)
         return f"{kind.lower()}.datacache.io/{name} deleted"
+
+    def _drop_stats(self, runtime) -> None:
+        """Remove ``runtime``'s hit counters (``stats/<ns>/<name>``): they count its dataset's reads."""
+        shutil.rmtree(self._stats_dir(runtime), ignore_errors=True)
 
     def _release_mounts(self, namespace: str, name: str, force: bool) -> None:
         mounted = fuse_mounts_of(namespace, name)
@@ -181,23 +218,25 @@ class Embedded:
 
     def refresh_status(self, kind: str, name: str, namespace: str = "default") -> dict | None:
         """Recompute and store the status of one resource from observations."""
+        previous = (self.state.get(kind, name, namespace) or {}).get("status") or {}
         if kind == "Dataset":
             status = reconcile.dataset_status(self._observe(self.get(kind, name, namespace)))
         elif kind in ("CacheRuntime", "ThinRuntime"):
             rt = self.get(kind, name, namespace)
             if supervisor.distributed(rt):
-                workers = observe_workers(self.home, rt)
-            else:
+                status = reconcile.runtime_status(rt.spec.replicas, observe_workers(self.home, rt),
+                                                  self._runtime_problem(rt))
+            else:  # replicas 0 or 1: the in-process cache, no worker processes
                 store = self.store_for(rt)
-                workers = [{"name": f"{name}-worker-0", "ready": self._ready(rt), "capacity": store.capacity,
-                            "used": store.used()}] if rt.spec.replicas else []
+                cache = {"name": f"{name}-in-process", "ready": self._ready(rt), "capacity": store.capacity,
+                         "used": store.used()}
                 store.close()
-            status = reconcile.runtime_status(rt.spec.replicas, workers, self._runtime_problem(rt))
-            previous = (self.state.get(kind, name, namespace) or {}).get("status") or {}
+                status = reconcile.in_process_status(rt.spec.replicas, cache, self._runtime_problem(rt))
             if "lastScaleTime" in previous:  # written by the controller, not observed
                 status["lastScaleTime"] = previous["lastScaleTime"]
         else:
             return None
+        reconcile.keep_transition_times(status, previous)
         self.state.set_status(kind, name, namespace, status)
         return status
 
@@ -228,30 +267,42 @@ class Embedded:
                     syncmark.record_failure(directory, f"metadata sync failed: {err}")
                     raise
                 syncmark.clear_failure(directory)
+            with syncmark.manifest_write(directory):
+                extra = refreshed.take(directory)  # changes readers met first (see .refreshed)
         finally:
             self.refresh_status("Dataset", name, namespace)  # Bound, or Failed saying why
-        self.run_on_event(ds, diff)
+        self.run_on_event(ds, diff, extra)
         return diff
 
     def load_manifest(self, ds: Dataset) -> Manifest | None:
         path = self._manifest_path(ds)
         return Manifest.load(path) if os.path.exists(path) else None
 
-    def open_dataset(self, name: str, namespace: str = "default") -> DatasetClient:
-        """A DatasetClient reading through the dataset's runtime cache. Raises ResourceError when
-        the dataset or its runtime is missing. Close it when done."""
+    def bound(self, name: str, namespace: str = "default") -> tuple[Dataset, CacheRuntime | ThinRuntime]:
+        """The Dataset and its runtime, or raises ResourceError naming which one is missing (cheap:
+        opens nothing)."""
         ds = self.get("Dataset", name, namespace)
         runtime = self.runtime_for(ds)
         if runtime is None:
             raise ResourceError(f"dataset {namespace}/{name} has no CacheRuntime: apply a CacheRuntime "
                                 f"(or ThinRuntime) named {name!r} in namespace {namespace!r} to cache it")
+        return ds, runtime
+
+    def open_dataset(self, name: str, namespace: str = "default") -> DatasetClient:
+        """A DatasetClient reading through the dataset's runtime cache. Raises ResourceError when
+        the dataset or its runtime is missing. Close it when done."""
+        ds, runtime = self.bound(name, namespace)
         manifest = self.load_manifest(ds)
         if manifest is None:
             self.sync(name, namespace)
             manifest = self.load_manifest(ds)
         ufs = self.ufs_for(ds, runtime)
         source = self._source(runtime, ufs)
-        return DatasetClient(name, manifest, source, ufs, lambda m: m.save(self._manifest_path(ds)),
+        def save(refreshed_manifest: Manifest, path: str) -> None:  # under the manifest write lock
+            refreshed_manifest.save(self._manifest_path(ds))
+            refreshed.record(self._dataset_dir(ds), path)
+
+        return DatasetClient(name, manifest, source, ufs, save,
                              readahead=runtime.spec.fuse.read_ahead_blocks, load_manifest=lambda: self.load_manifest(ds),
                              manifest_path=self._manifest_path(ds),
                              manifest_lock=lambda: syncmark.manifest_write(self._dataset_dir(ds)))
@@ -329,9 +380,11 @@ class Embedded:
             self.state.delete("DataLoad", old, namespace)
         return dl_name, self.run_dataload(dataload, on_progress, cancel)
 
-    def run_on_event(self, ds: Dataset, diff: ManifestDiff) -> list[str]:
+    def run_on_event(self, ds: Dataset, diff: ManifestDiff, refreshed_paths=()) -> list[str]:
         """Run the OnEvent DataLoads of ``ds`` whose targets hold files that ``diff`` (a metadata
-        sync's) added or changed; returns their names. A failed run is in its status, not raised."""
+        sync's) added or changed, or that readers refreshed since the last sync
+        (``refreshed_paths``, see :mod:`.refreshed`); returns their names. A failed run is in its
+        status, not raised."""
         fired = []
         manifest = None
         for doc in self.state.list("DataLoad", ds.metadata.namespace):
@@ -340,12 +393,18 @@ class Embedded:
                 continue
             dataload = load_resource_dict(doc, f"state:DataLoad/{ds.metadata.namespace}/{doc['metadata']['name']}")
             manifest = manifest or self.load_manifest(ds)
-            if manifest is None or not dataloads.touched([t.path for t in dataload.spec.target], manifest, diff):
+            changed = manifest and dataloads.touched([t.path for t in dataload.spec.target], manifest, diff,
+                                                     refreshed_paths)
+            if not changed:
                 continue
+            what = f"dataload {ds.metadata.namespace}/{dataload.metadata.name} ran on event ({len(changed)} files " \
+                   "added or changed under its targets)"
             try:
-                self.run_dataload(dataload, sync_first=False)  # the sync that fired it just ran
-            except (DatacacheError, OSError):
-                pass  # recorded as Failed in the DataLoad's status
+                result = self.run_dataload(dataload, sync_first=False)  # the sync that fired it just ran
+            except (DatacacheError, OSError) as err:  # also recorded as Failed in the DataLoad's status
+                log.warning("%s: Failed: %s", what, describe_error(err))
+            else:
+                log.info("%s: %s", what, dataloads.outcome(result))
             fired.append(dataload.metadata.name)
         return fired
 
@@ -468,7 +527,10 @@ class Embedded:
         return TieredStore(levels)
 
     def _stats(self, runtime: CacheRuntime) -> HitStats:
-        return HitStats(os.path.join(self.home, "stats", runtime.metadata.namespace, runtime.metadata.name))
+        return HitStats(self._stats_dir(runtime))
+
+    def _stats_dir(self, runtime) -> str:
+        return os.path.join(self.home, "stats", runtime.metadata.namespace, runtime.metadata.name)
 
     def _dataset_dir(self, ds: Dataset) -> str:
         return os.path.join(self.home, "datasets", ds.metadata.namespace, ds.metadata.name)
@@ -478,6 +540,32 @@ class Embedded:
 
     def close(self) -> None:
         self.state.close()
+
+
+class ApplyError(ResourceError):
+    """``apply`` stored what it could and some documents failed: ``lines`` says what happened to
+    each document (``created``/``configured``/``unchanged``, or ``not applied``), ``failures``
+    (one line each) why the failed ones failed. A ``ResourceError``: the message holds each
+    failure's own, after the document's name."""
+
+    def __init__(self, lines: list[str], failures: list[str]):
+        super().__init__("; ".join(failures))
+        self.lines, self.failures = lines, failures
+
+
+class _Stored(DatacacheError):
+    """A document stored as ``verb`` whose reconcile then failed (the cause)."""
+
+    def __init__(self, verb: str):
+        super().__init__(verb)
+        self.verb = verb
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for an expected error: an ``OSError``'s file and reason, else its text."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.filename + ': ' if err.filename else ''}{err.strerror}"
+    return str(err)
 
 
 def _same_spec(old: dict, new: dict) -> bool:

@@ -40,7 +40,7 @@ from datacache.cluster import auth
 from datacache.cluster.client import LoopThread, WorkerClient
 from datacache.cluster.membership import Member, open_membership
 from datacache.cluster.placement import lookup
-from datacache.control import dataloads, observe, reconcile
+from datacache.control import dataloads, observe, reconcile, supervisor
 from datacache.control.state import now_iso
 from datacache.errors import ResourceError
 from datacache.manifest import Manifest, ManifestDiff
@@ -141,7 +141,10 @@ def dataset_figures(manifest: Manifest, figures: WorkerFigures | None) -> dict:
     return {key: status[key] for key in ("ufsTotal", "fileNum", "cacheStates")}
 
 
-def _client() -> Client:
+def connect() -> Client:
+    """A client of the Kubernetes API (in-cluster credentials or ``KUBECONFIG``), made before any
+    work so that a run outside a cluster fails first with ``no Kubernetes API access``. Raises
+    ``ResourceError``."""
     try:
         return Client(KubeConfig.from_env(), field_manager=FIELD_MANAGER)
     except KubeConfigError as err:
@@ -162,16 +165,26 @@ def _api_call(what: str, call):
         raise ResourceError(f"--report-status kubernetes: {what}: API server unreachable ({err})") from None
 
 
-def report(plane, name: str, namespace: str, diff: ManifestDiff) -> list[str]:
+def report(plane, name: str, namespace: str, diff: ManifestDiff, client: Client | None = None) -> list[str]:
     """Report the sync of Dataset ``namespace/name`` that just ran in ``plane`` (an ``Embedded``)
     and returned ``diff``: patch the Dataset's status, mark the touched OnEvent DataLoads. Returns
-    the names of the DataLoads marked. Raises ``ResourceError`` (one line, no credentials) when the
-    API cannot be reached or refuses a call."""
+    the names of the DataLoads marked. ``client``: from :func:`connect` (made here when None, and
+    closed either way). A runtime without cache workers (``supervisor.distributed`` false: replicas
+    0, or 1 outside a cluster) needs no worker token; its cache figures are ``-``. Raises
+    ``ResourceError`` (one line, no credentials) when the API cannot be reached or refuses a call."""
+    client = client or connect()
+    try:
+        return _report(client, plane, name, namespace, diff)
+    finally:
+        client.close()
+
+
+def _report(client: Client, plane, name: str, namespace: str, diff: ManifestDiff) -> list[str]:
     ds = plane.get("Dataset", name, namespace)
     runtime = plane.runtime_for(ds)
     manifest = plane.load_manifest(ds)
     figures = None
-    if runtime is not None:
+    if runtime is not None and supervisor.distributed(runtime):
         members = open_membership(plane.home)
         try:
             live = members.live(namespace, runtime.metadata.name)
@@ -182,25 +195,21 @@ def report(plane, name: str, namespace: str, diff: ManifestDiff) -> list[str]:
             figures = worker_figures(manifest, live, token, name, runtime.spec.block_size_bytes)
         finally:
             members.close()
-    client = _client()
-    try:
-        status = dataset_figures(manifest, figures)
-        _api_call(f"patch dataset {namespace}/{name} status", lambda: client.patch(
-            _DATASET.Status, name, {"status": status}, namespace=namespace, patch_type=PatchType.MERGE))
-        event = now_iso()
-        marked = []
-        for obj in _api_call(f"list dataloads in namespace {namespace}",
-                             lambda: list(client.list(_DATALOAD, namespace=namespace))):
-            spec = obj.spec or {}
-            if spec.get("policy") != "OnEvent" or (spec.get("dataset") or {}).get("name") != name:
-                continue
-            if not dataloads.touched([t["path"] for t in spec.get("target") or []], manifest, diff):
-                continue
-            dl = obj.metadata.name
-            _api_call(f"annotate dataload {namespace}/{dl}", lambda: client.patch(
-                _DATALOAD, dl, {"metadata": {"annotations": {SYNC_EVENT_ANNOTATION: event}}},
-                namespace=namespace, patch_type=PatchType.MERGE))
-            marked.append(dl)
-    finally:
-        client.close()
+    status = dataset_figures(manifest, figures)
+    _api_call(f"patch dataset {namespace}/{name} status", lambda: client.patch(
+        _DATASET.Status, name, {"status": status}, namespace=namespace, patch_type=PatchType.MERGE))
+    event = now_iso()
+    marked = []
+    for obj in _api_call(f"list dataloads in namespace {namespace}",
+                         lambda: list(client.list(_DATALOAD, namespace=namespace))):
+        spec = obj.spec or {}
+        if spec.get("policy") != "OnEvent" or (spec.get("dataset") or {}).get("name") != name:
+            continue
+        if not dataloads.touched([t["path"] for t in spec.get("target") or []], manifest, diff):
+            continue
+        dl = obj.metadata.name
+        _api_call(f"annotate dataload {namespace}/{dl}", lambda: client.patch(
+            _DATALOAD, dl, {"metadata": {"annotations": {SYNC_EVENT_ANNOTATION: event}}},
+            namespace=namespace, patch_type=PatchType.MERGE))
+        marked.append(dl)
     return marked

@@ -104,6 +104,35 @@ def runtime_status(desired: int, workers: list[dict], problem: str = "") -> dict
     }
 
 
+IN_PROCESS_NOTE = (
+    "in-process cache: replicas 0 and 1 run no worker processes, each reading process caches")
+
+
+def in_process_status(replicas: int, cache: dict, problem: str = "") -> dict:
+    """The status of an embedded runtime with ``replicas`` 0 or 1: no worker processes, the reading
+    process's own tiered store (``cache``: ``ready``, ``capacity``/``used`` bytes) caches. 0 and 1
+    mean the same there, so both are Ready with that cache's figures; ``readyWorkers`` is
+    ``replicas`` when the cache is ready (the in-process cache stands for the one worker)."""
+    status = runtime_status(replicas, [cache], problem)
+    if not problem and cache.get("ready"):
+        status["phase"] = "Ready"
+        status["readyWorkers"] = replicas
+        status["conditions"][0].update(status="True", reason="InProcess", message=IN_PROCESS_NOTE)
+    return status
+
+
+def keep_transition_times(status: dict, previous: dict) -> dict:
+    """``status`` with each condition's ``lastTransitionTime`` taken from ``previous`` (the stored
+    status) when a condition of the same type had the same ``status`` there: as in Kubernetes, the
+    time says when the condition last changed, not when it was last computed."""
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    for cond in status.get("conditions") or []:
+        old = before.get(cond.get("type"))
+        if old and old.get("status") == cond.get("status") and old.get("lastTransitionTime"):
+            cond["lastTransitionTime"] = old["lastTransitionTime"]
+    return status
+
+
 def dataload_status(result, started_iso: str, cancelled: bool = False) -> dict:
     """The DataLoad's ``status`` from a ``dataload.WarmupResult`` (``cancelled``: stopped by the
     user; a Failed condition says so)."""

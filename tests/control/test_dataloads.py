@@ -108,6 +108,36 @@ def test_on_event_dataload_fires_when_sync_sees_a_changed_object(datacache_home,
     assert json.dumps(plane.state.get("DataLoad", "on-change")["status"]) == before
 
 
+def test_on_event_fires_for_a_change_a_reader_met_before_the_sync(datacache_home, tmp_path):
+    """A reader that meets a changed file refreshes its entry (ESTALE, case C5) and stores the
+    manifest: the next sync diffs nothing, yet the OnEvent DataLoad on that file must run."""
+    import pytest
+
+    from datacache.errors import StaleFileError
+
+    root, data = local_source(tmp_path, {"t/b.bin": 200 * KiB, "u/c.bin": 50 * KiB})
+    plane = apply_dataset(datacache_home, "rf", [{"name": "local", "mountPoint": root}], block_size="64Ki")
+    plane.apply([dataload("on-t", "rf", policy="OnEvent", target=[{"path": "/t"}])])
+    new = os.urandom(210 * KiB)
+    with open(os.path.join(root, "t/b.bin"), "wb") as f:
+        f.write(new)
+    client = plane.open_dataset("rf")
+    try:
+        with pytest.raises(StaleFileError):
+            client.open("t/b.bin").read()  # the old version cannot be read: the entry is refreshed
+        assert client.stat("t/b.bin").size == len(new)
+    finally:
+        client.close()
+    diff = plane.sync("rf")
+    assert (diff.added, diff.changed, diff.deleted) == ([], [], [])  # the refresh stored it already
+    status = plane.state.get("DataLoad", "on-t")["status"]
+    assert status["phase"] == "Complete", status
+    assert status["targets"][0]["cachedBytes"] == len(new)
+    assert fraction(plane, "rf", "t/b.bin") == 1.0 and fraction(plane, "rf", "u/c.bin") == 0.0
+    plane.sync("rf")  # the record was taken: no second run
+    assert plane.state.get("DataLoad", "on-t")["status"]["lastScheduleTime"] == status["lastScheduleTime"]
+
+
 def test_cancelled_warmup_is_failed_and_resumes(datacache_home, tmp_path):
     sizes = {f"f{i:03d}.bin": 128 * KiB for i in range(160)}
     root, data = local_source(tmp_path, sizes)

@@ -69,7 +69,7 @@ def test_examples_validate_against_crds():
         # the models' round trip is accepted too (what `datacache get -o yaml` writes); the
         # examples' ${...} placeholders are filled with a path, valid wherever one is used
         with open(path, encoding="utf-8") as f:
-            text = re.sub(r"\$\{[A-Z_]+\}", "/placeholder", f.read())
+            text = re.sub(r"\$\{[A-Z0-9_]+\}", "/placeholder", f.read())
         for resource in load_resources(path, text):
             validate(to_document(resource))
     assert checked >= 4

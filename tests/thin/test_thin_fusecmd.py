@@ -42,7 +42,8 @@ def assert_nothing_left(home: str) -> None:
 
 def test_missing_executable(thin_home):
     message, took = apply_broken(thin_home, ["/nonexistent/mount-helper", "$(DATACACHE_THIN_CONFIG)"])
-    assert message.startswith("thinruntime default/vol (thinruntimeprofile 'broken'): spec.fuse.command ")
+    assert message.startswith("dataset.datacache.io/vol: stored, but failed: thinruntime default/vol "
+                              "(thinruntimeprofile 'broken'): spec.fuse.command ")
     assert "cannot be started: No such file or directory" in message and "installed executable" in message
     assert took < 2
     assert_nothing_left(thin_home)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -68,7 +69,10 @@ def test_profile_is_cluster_scoped_and_registers_its_scheme(tmp_path):
 def test_packaged_profiles_and_example_load():
     profiles = sorted(glob.glob(os.path.join(os.path.dirname(datacache_runtimes.__file__), "profiles", "*.yaml")))
     assert [load_resources(p)[0].metadata.name for p in profiles] == ["sftp", "sshfs"]
-    kinds = [r.kind for r in load_resources(os.path.join(ROOT, "examples", "thin-sftp.yaml"))]
+    example = os.path.join(ROOT, "examples", "thin-sftp.yaml")
+    with open(example, encoding="utf-8") as f:  # its ${...} placeholders filled, as a user does
+        text = re.sub(r"\$\{[A-Z_]+\}", "/x", f.read().replace("${SFTP_PORT}", "22"))
+    kinds = [r.kind for r in load_resources(example, text)]
     assert kinds == ["ThinRuntimeProfile", "ThinRuntime", "Dataset"]
 
 
