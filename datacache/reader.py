@@ -177,13 +177,16 @@ class DatasetFile(io.RawIOBase):
             raise
 
     def _take_ahead(self, index: int):
-        """Block ``index`` if it is the one loaded ahead (waiting for it; its error is raised),
-        else None; any other block loaded ahead is dropped."""
+        """Block ``index`` if it is the one loaded ahead (waiting for it), else None; any other
+        block loaded ahead is dropped. A load ahead that failed is None too: the caller loads the
+        block itself, so an error seen in the background (an outage since over) is not replayed."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
         if ahead[0] != index:
             self._discard(ahead[1])
+            return None
+        if ahead[1].exception() is not None:
             return None
         block = ahead[1].result()
         if block is not None:

@@ -38,11 +38,11 @@ def test_c3_overwritten_object_reads_old_version_until_sync_then_new(s3_dataset)
         assert client.open("obj.bin").read() == old
     diff = plane.sync("ver")
     assert diff.changed == ["obj.bin"] and not diff.added and not diff.deleted
-    client.close()
-    client = plane.open_dataset("ver")
-    assert client.open("obj.bin").read() == new
+    fresh = plane.open_dataset("ver")
+    assert fresh.open("obj.bin").read() == new
     # A handle opened before the sync stays on its version: never bytes of both.
     assert held.read() == old[MiB:]
+    fresh.close()
     client.close()
 
 

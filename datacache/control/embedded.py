@@ -64,7 +64,7 @@ class Embedded:
         run before returning. As ``kubectl apply`` does, a document whose reconcile fails (a
         Dataset's first sync, a DataLoad's run) does not stop the others: it is stored and its
         status says why; then :class:`ApplyError` is raised with every line and every failure."""
-        lines, failures = [], []
+        lines, failures, causes = [], [], []
         for res in sorted(resources, key=lambda r: _APPLY_ORDER[r.kind]):
             label = f"{res.kind.lower()}.datacache.io/{res.metadata.name}"
             try:
@@ -72,11 +72,13 @@ class Embedded:
             except _Stored as err:  # kept, with a status saying why (phase Failed)
                 lines.append(f"{label} {err.verb}")
                 failures.append(f"{label}: stored, but failed: {describe_error(err.__cause__)}")
+                causes.append(err.__cause__)
             except (DatacacheError, OSError) as err:
                 lines.append(f"{label} not applied")
                 failures.append(f"{label}: {describe_error(err)}")
+                causes.append(err)
         if failures:
-            raise ApplyError(lines, failures)
+            raise ApplyError(lines, failures) from causes[0]
         return lines
 
     def _apply_one(self, res) -> str:
@@ -546,7 +548,7 @@ class ApplyError(ResourceError):
     """``apply`` stored what it could and some documents failed: ``lines`` says what happened to
     each document (``created``/``configured``/``unchanged``, or ``not applied``), ``failures``
     (one line each) why the failed ones failed. A ``ResourceError``: the message holds each
-    failure's own, after the document's name."""
+    failure's own, after the document's name; ``__cause__`` is the first failure's exception."""
 
     def __init__(self, lines: list[str], failures: list[str]):
         super().__init__("; ".join(failures))

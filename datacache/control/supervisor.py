@@ -322,12 +322,17 @@ def merge_caches(home: str, runtime) -> list[str]:
     from datacache.cluster.worker import current_files
 
     ns, name = runtime.metadata.namespace, runtime.metadata.name
+    levels = [(level, base, merge.worker_dirs(base)) for level, base in _disk_levels(home, runtime)]
+    if not any(workers for _, _, workers in levels):
+        return []  # nothing to copy: do not load the manifest's file ids (a million files: ~80 MB)
     current = current_files(home, ns, name, runtime.spec.block_size_bytes)
     lines = []
-    for level, base in _disk_levels(home, runtime):
+    for level, base, workers in levels:
+        if not workers:
+            continue
         target = DiskTier(base, level.quota_bytes, level.high, level.low, level.mediumtype)
         try:
-            for worker in merge.worker_dirs(base):
+            for worker in workers:
                 report = merge.merge_into(target, int(level.quota_bytes * level.high), os.path.join(base, worker),
                                           name, current)
                 if report["blocks"] or report["stale"]:

@@ -358,9 +358,12 @@ class DatacacheOperations(pyfuse3.Operations):
         async with handle.lock:
             if handle.failed:
                 when, f_off, f_size, code = handle.failed
-                if time.monotonic() - when < RETRY_WINDOW and f_off <= off < f_off + f_size:
-                    # The kernel retries a failed read-ahead page by page at once; answer from
-                    # the failure just seen instead of waiting for the UFS's retries again.
+                if time.monotonic() - when < RETRY_WINDOW and f_off <= off < f_off + f_size and size < f_size:
+                    # After a failed read-ahead the kernel reads the one page the caller needs
+                    # at once (a smaller read inside it): answer it from the failure just seen
+                    # instead of waiting for the UFS's retries again. Once only: in no-open mode
+                    # the handle outlives the open, and a new open's read is a new try.
+                    handle.failed = ()
                     raise pyfuse3.FUSEError(code)
             bs = self.client.block_size
             end = min(off + size, handle.file.size)
@@ -375,7 +378,25 @@ class DatacacheOperations(pyfuse3.Operations):
                 return await self._blocking(handle.file.view, off, size)
             except OSError as err:
                 handle.failed = (time.monotonic(), off, size, errno_of(err))
+                if handle.failed[3] == errno.ESTALE and self.no_open:
+                    await self._drop_entry(handle.inode)
                 raise
+
+    async def _drop_entry(self, inode: int) -> None:
+        """No-open mode: make the kernel forget the directory entry of ``inode``'s path before a
+        read answers ESTALE, so the caller's next ``open`` looks the path up again and gets the
+        new version's inode (with handles, ``open`` of a stale inode answers ESTALE instead).
+        Synchronous, from the pool: the reader waiting for this READ holds no directory lock."""
+        try:
+            parent, name = posixpath.split(self.inodes.node(inode).path)
+        except FileNotFoundError:
+            return
+        parent_inode = self.inodes.number(parent, None)
+        if parent_inode in self.inodes:
+            try:
+                await self._blocking(pyfuse3.invalidate_entry, parent_inode, os.fsencode(name))
+            except OSError:  # the kernel holds no such entry any more
+                pass
 
     async def flush(self, fh):
         # Nothing is ever dirty. ENOSYS makes the kernel stop sending FLUSH on every close() for

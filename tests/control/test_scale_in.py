@@ -150,12 +150,13 @@ def stored_keys_in(path: str) -> list[str]:
 
 
 def test_scaling_to_one_replica_copies_within_the_quota_and_says_what_it_left(workers_home, tmp_path):
-    files = write_files(tmp_path / "src", {f"{i:02d}.bin": 3 * BS + i for i in range(18)})  # 3.4 MiB
+    files = write_files(tmp_path / "src", {f"{i:02d}.bin": 6 * BS + i for i in range(18)})  # 6.8 MiB
     total = sum(len(v) for v in files.values())
     plane = apply_cluster(workers_home, "tight", [{"name": "local", "mountPoint": str(tmp_path / "src")}],
-                          levels=[{"mediumtype": "SSD", "path": "cache", "quota": "3Mi"}], replicas=2,
+                          levels=[{"mediumtype": "SSD", "path": "cache", "quota": "6Mi"}], replicas=2,  # each worker ~3.4 MiB + index and WAL
                           block_size="64Ki")
-    assert plane.warmup("tight", [])[1].ok
+    result = plane.warmup("tight", [])[1]
+    assert result.ok, [t.failures for t in result.targets]
     wanted = block_bytes(plane.load_manifest(plane.get("Dataset", "tight")), BS, "tight")
     on_0 = stored_keys(workers_home, "tight")["worker-0"] & set(wanted)
     dirs = worker_dirs(workers_home, "tight")
@@ -167,10 +168,10 @@ def test_scaling_to_one_replica_copies_within_the_quota_and_says_what_it_left(wo
     assert report, line
     moved, blocks, left = (int(x) for x in report.groups()[:3])
     assert blocks == len(on_0) and moved + left == blocks and 0 < left < blocks
-    assert report[4] == format_bytes(int(3 * 1024 * KiB * 0.95))
-    in_process = DiskTier(os.path.dirname(dirs["worker-0"]), 3 * 1024 * KiB)
+    assert report[4] == format_bytes(int(6 * 1024 * KiB * 0.95))
+    in_process = DiskTier(os.path.dirname(dirs["worker-0"]), 6 * 1024 * KiB)
     try:
-        assert in_process.used() <= int(3 * 1024 * KiB * 0.95)
+        assert in_process.used() <= int(6 * 1024 * KiB * 0.95)
         kept = sum(size for key, size in wanted.items() if key in set(in_process.keys()))
     finally:
         in_process.close()

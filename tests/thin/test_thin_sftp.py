@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from datacache.control.embedded import ApplyError
 from datacache.errors import UFSUnavailableError
 from thin_support import apply_yaml, change_is_seen_after_sync, make_tree, read_all, read_url, sha
 
@@ -85,8 +86,9 @@ def test_unknown_host_key_is_refused(sshd, thin_home, tmp_path):
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {key}\n")
     secret_key(thin_home, sshd)
-    with pytest.raises(UFSUnavailableError) as caught:
+    with pytest.raises(ApplyError) as caught:  # the Dataset is stored, its first sync failed
         apply_yaml(thin_home, example(sshd, root, str(known)))
+    assert isinstance(caught.value.__cause__, UFSUnavailableError)
     message = str(caught.value)
     assert "thinruntimeprofile 'sftp'" in message and "Host key" in message and "does not match" in message
     with open(sshd.key_path) as f:
