@@ -62,7 +62,7 @@ demo: venv
 	$(VENV)/bin/datacache demo
 
 test: venv
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile  # two processes: most tests wait on servers
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .hypothesis

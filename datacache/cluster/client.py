@@ -3,7 +3,9 @@
 The block-source interface is synchronous (the Reader, FUSE and warmup call it from threads), so
 the client owns an event loop in one daemon thread and callers wait on
 ``asyncio.run_coroutine_threadsafe``; a warmup segment sent to three owners is three requests in
-flight on that loop, not three threads. Connections are pooled per worker.
+flight on that loop, not three threads. Connections are pooled per worker. Block reads
+(:meth:`WorkerClient.get_block`) are the exception: blocking calls in the caller's thread through
+:mod:`.transport` (urllib3; a same-node worker over its local socket), the hot path with no hop.
 
 Every call is bounded: ``connect_timeout`` seconds to connect and ``read_timeout`` seconds between
 bytes of an answer (a worker answering a long fill sends a space every second meanwhile, so a slow
@@ -33,6 +35,7 @@ import aiohttp
 from datacache.cache.blocks import checksum
 from datacache.cluster import auth, wire
 from datacache.cluster.metrics import parse as parse_metrics
+from datacache.cluster.transport import BlockTransport, TransportError
 from datacache.manifest import FileEntry
 
 
@@ -89,6 +92,7 @@ class WorkerClient:
         self._headers = auth.header(token)
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._blocks = BlockTransport(self._headers, connect_timeout, read_timeout)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -104,12 +108,19 @@ class WorkerClient:
             async with self._http().request(method, url + path, **kwargs) as resp:
                 return resp.status, resp.headers, await resp.read()
         except aiohttp.ConnectionTimeoutError as err:
-            raise WorkerUnavailable(f"cache worker {where} did not accept a connection within "
-                                    f"{self.connect_timeout:g}s") from err
+            raise self._unavailable("connect", where, err) from err
         except asyncio.TimeoutError as err:  # aiohttp's SocketTimeoutError: no byte for read_timeout
-            raise WorkerUnavailable(f"cache worker {where} timed out after {self.read_timeout:g}s") from err
+            raise self._unavailable("read", where, err) from err
         except (aiohttp.ClientError, OSError) as err:
-            raise WorkerUnavailable(f"cache worker {where}: {type(err).__name__}: {err}") from err
+            raise self._unavailable("", where, err) from err
+
+    def _unavailable(self, timeout: str, where: str, err: BaseException) -> WorkerUnavailable:
+        if timeout == "connect":
+            return WorkerUnavailable(f"cache worker {where} did not accept a connection within "
+                                     f"{self.connect_timeout:g}s")
+        if timeout == "read":
+            return WorkerUnavailable(f"cache worker {where} timed out after {self.read_timeout:g}s")
+        return WorkerUnavailable(f"cache worker {where}: {type(err).__name__}: {err}")
 
     @staticmethod
     def _check(status: int, body: bytes, where: str, path: str = "") -> None:
@@ -130,14 +141,18 @@ class WorkerClient:
                 wire.raise_error(error, path, where)
         raise WorkerUnavailable(f"cache worker {where}: HTTP {status}")
 
-    async def get_block(self, url: str, where: str, entry: FileEntry, index: int,
-                        verify: bool = False) -> tuple[bytes, bool]:
-        """Block ``index`` of ``entry`` and whether it was a hit on the worker."""
+    def get_block(self, url: str, where: str, entry: FileEntry, index: int, verify: bool = False,
+                  local: bool = False) -> tuple[bytes, bool]:
+        """Block ``index`` of ``entry`` and whether it was a hit on the worker. Synchronous, in
+        the caller's thread (:mod:`.transport`); ``local``: the worker runs on this node."""
         params = {"dataset": self.dataset, "block_size": str(self.block_size), "index": str(index),
                   **{k: str(v) for k, v in wire.entry_fields(entry).items()}}
         if verify:
             params["verify"] = "1"
-        status, headers, body = await self._request("GET", url, "/v1/block", where, params=params)
+        try:
+            status, headers, body = self._blocks.get(url, "/v1/block", params, local)
+        except TransportError as err:
+            raise self._unavailable(err.timeout, where, err) from err
         self._check(status, body, where, entry.path)
         expected = headers.get("X-Block-Checksum")
         if expected is None or checksum(body) != expected:
@@ -208,6 +223,7 @@ class WorkerClient:
         return parse_metrics(body.decode())
 
     async def close(self) -> None:
+        self._blocks.close()
         if self._session is not None:
             await self._session.close()
 

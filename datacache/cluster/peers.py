@@ -130,19 +130,22 @@ class Peers:
         of the members, minus every worker being drained, so no block goes to another leaving
         worker. Passes repeat every ``DRAIN_RETRY_S`` seconds.
 
-        Returns ``{"blocks": distinct keys seen, "moved": n held by their owners now, "left": n
-        still here, "seconds": elapsed, "errors": {owner id: "<n> blocks: <why>"}}``."""
+        Returns ``{"blocks": distinct keys moved or left (one that vanished another way, evicted
+        or dropped by a hand-off pass that ended as the drain began, is not counted), "moved": n
+        held by their owners now, "left": n still here, "seconds": elapsed, "errors": {owner id: "<n> blocks: <why>"}}``."""
         self.draining = True
         started = time.monotonic()
         self.router.refresh()  # the control plane marked every leaving worker before this call
-        seen: set[str] = set()
         moved: set[str] = set()
         left: list[str] = []
         errors: dict[str, str] = {}
         offered: dict[str, Member] = {}  # the owners of the last pass, who the reasons name
         while True:
+            taken, self._taken = self._taken, []  # a hand-off pass that ended after the drain began
+            for key in taken:
+                await asyncio.to_thread(discard, key)
+            moved.update(taken)
             left = await asyncio.to_thread(list_keys)
-            seen.update(left)
             leaving = {m.worker_id for m in self.router.draining()} | {self.me}
             members = {m.worker_id: m for m in self.router.members() if m.worker_id not in leaving}
             offered = offered or members
@@ -170,7 +173,7 @@ class Peers:
         reasons = {o: f"{n} blocks: " + (errors.get(o) or ("no other live worker" if o == "*" else
                                                           "refused (it could not store them, or does not rank itself "
                                                           "their owner)")) for o, n in why.items()}
-        return {"blocks": len(seen), "moved": len(moved - set(left)), "left": len(left),
+        return {"blocks": len(moved | set(left)), "moved": len(moved - set(left)), "left": len(left),
                 "seconds": round(time.monotonic() - started, 3), "errors": reasons}
 
     async def _offer(self, keys: list[str], members: dict[str, Member]) -> tuple[list[str], dict[str, str]]:
@@ -207,11 +210,11 @@ class Peers:
         seen, last = None, float("-inf")
         while True:
             await asyncio.sleep(HANDOFF_CHECK_S)
+            if self.draining:  # :meth:`drain` moves (and drops) everything now
+                continue
             taken, self._taken = self._taken, []
             for key in taken:
                 await asyncio.to_thread(discard, key)
-            if self.draining:  # :meth:`drain` moves everything now
-                continue
             live = frozenset((m.worker_id, m.pid) for m in self.router.members())
             if live == seen and time.monotonic() - last < HANDOFF_PERIOD_S:
                 continue

@@ -219,11 +219,12 @@ class ClusterBlockSource:
         return self._direct.get(entry, index), False, False
 
     def _get_from(self, member: Member, entry: FileEntry, index: int) -> tuple[bytes, bool]:
+        local = member.node == self.router.node
         try:
-            return self._io.run(self._client.get_block(member.url, member.worker_id, entry, index))
+            return self._client.get_block(member.url, member.worker_id, entry, index, local=local)
         except BlockVanished:
             try:
-                return self._io.run(self._client.get_block(member.url, member.worker_id, entry, index, verify=True))
+                return self._client.get_block(member.url, member.worker_id, entry, index, verify=True, local=local)
             except BlockVanished:
                 raise WorkerUnavailable(f"cache worker {member.worker_id} sent a corrupt block twice") from None
 

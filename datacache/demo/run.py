@@ -96,8 +96,12 @@ def _throughput(read_all, paths) -> tuple[float, int]:
     return n / (time.perf_counter() - t0), n
 
 
+JPEG_SAMPLE = 5  # throughput of every 5th JPEG: the same ratio, a fifth of the cold s3fs wait
+
+
 def _groups(sums: dict[str, str]) -> list[tuple[str, list[str]]]:
-    return [("JPEG tree", [p for p in sums if p.endswith(".JPEG")]),
+    jpegs = [p for p in sums if p.endswith(".JPEG")]
+    return [(f"{len(jpegs[::JPEG_SAMPLE])} JPEGs", jpegs[::JPEG_SAMPLE]),
             ("tar shard", [p for p in sums if p.endswith(".tar")])]
 
 

@@ -4,10 +4,12 @@ corrupt blocks, a slow owner, a worker killed mid-read and a worker restarted wi
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
 import signal
+import socket
 import time
 import urllib.error
 import urllib.parse
@@ -18,8 +20,9 @@ import pytest
 from cluster_support import (MiB, apply_cluster, block_bytes, disrupt_mid_read, kill_worker, live, open_client,
                              stored_keys, wait_restarted, worker_dirs, worker_metrics)
 from datacache.api.quantity import format_bytes
+from datacache.cache.blocks import checksum
 from datacache.cache.disk import DiskTier
-from datacache.cluster import auth
+from datacache.cluster import auth, transport
 from datacache.cluster.placement import owners
 from datacache.dataload import warmup
 
@@ -202,6 +205,35 @@ def test_token_auth_wrong_or_missing_token_gets_401_and_no_data(cluster, module_
     for name in ("cached_bytes", "capacity_bytes", "hits_total", "misses_total", "ufs_bytes_total",
                  "fills_in_flight", "evictions_total"):
         assert f"datacache_worker_{name}".encode() in body, name
+    client.close()
+
+
+def _local_http(url, headers, params):
+    """GET /v1/block on the worker's abstract Unix socket (what same-node clients use)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(transport.local_address(url))
+    conn = http.client.HTTPConnection("localhost", timeout=10)
+    conn.sock = sock
+    try:
+        conn.request("GET", "/v1/block?" + urllib.parse.urlencode(params), headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("X-Block-Checksum"), resp.read()
+    finally:
+        conn.close()
+
+
+def test_the_local_socket_serves_the_same_api_with_the_same_token(cluster, module_home):
+    plane, contents = cluster
+    client = plane.open_dataset(NAME)
+    assert warmup(client, ["local/multi.bin"]).ok
+    data = contents["local/multi.bin"][BLOCK:2 * BLOCK]
+    for member in live(module_home, NAME).values():
+        params = _block_params(client, "local/multi.bin", 1)
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            code, _, body = _local_http(member.url, headers, params)
+            assert code == 401 and data[:64] not in body and len(body) < 200
+        code, digest, body = _local_http(member.url, _auth(module_home), params)
+        assert code == 200 and body == data and digest == checksum(data), member.worker_id
     client.close()
 
 

@@ -155,14 +155,12 @@ def test_thin_runtime_worker_reads_through_the_plugin(teamfs, tmp_path):
         plane.close()
         entry = manifest.lookup("n01/a.jpg")
 
-        async def read_file():
-            client = WorkerClient(token, "imagenet", runtime.spec.block_size_bytes)
-            try:
-                blocks = [await client.get_block(url, "worker-0", entry, i) for i in range(-(-entry.size // (64 << 10)))]
-            finally:
-                await client.close()
-            return b"".join(data for data, _ in blocks), [hit for _, hit in blocks]
-        data, hits = asyncio.run(read_file())
+        client = WorkerClient(token, "imagenet", runtime.spec.block_size_bytes)
+        try:
+            blocks = [client.get_block(url, "worker-0", entry, i) for i in range(-(-entry.size // (64 << 10)))]
+        finally:
+            asyncio.run(client.close())
+        data, hits = b"".join(data for data, _ in blocks), [hit for _, hit in blocks]
         assert hashlib.sha256(data).hexdigest() == hashlib.sha256(files["n01/a.jpg"]).hexdigest()
         assert hits == [False, False, False]  # 150,000 bytes = 3 blocks of 64 KiB, filled from the plugin
     finally:
