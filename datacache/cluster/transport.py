@@ -11,13 +11,18 @@ node: the same HTTP API and token, without the TCP stack (loopback TCP tops out 
 a Unix socket at ~9 GB/s). Abstract names live in the network namespace, not the filesystem: a
 worker in another namespace (another host, as far as the network goes) is not reachable that
 way, and nothing is left behind when a worker dies. A connection refused there (a worker that
-has none, an older one) sends that worker's requests over TCP for :data:`LOCAL_RETRY_S` seconds.
+has none, an older one) sends that worker's requests over TCP for :data:`LOCAL_RETRY_S` seconds,
+and so does a local socket held by a process of another user than root or this one (its peer
+credentials, ``SO_PEERCRED``): the token only goes where it could have been read from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import socket
+import struct
 import threading
 import time
 from urllib.parse import urlencode, urlsplit
@@ -26,9 +31,11 @@ import urllib3
 from urllib3.connection import HTTPConnection
 from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ReadTimeoutError
 
+log = logging.getLogger(__name__)
+
 LOCAL_RETRY_S = 30.0
-POOL_SIZE = 32  # idle connections kept per worker (FUSE runs up to 32 reader threads)
-SOCKET_BUFFER = 8 << 20  # bytes: a 4 MiB block in one or two socket reads
+POOL_SIZE = 64  # idle connections kept per worker (FUSE: 32 request threads, plus read-ahead)
+SOCKET_BUFFER = 8 << 20  # bytes: the worker's send buffer (the kernel caps it at 2 x wmem_max)
 
 
 class TransportError(Exception):
@@ -65,7 +72,7 @@ def listen_local(url: str) -> socket.socket | None:
 
 
 def widen_send_buffer(conn: asyncio.BaseTransport | None) -> None:
-    """Worker side, before sending a block on ``conn``: a local-socket connection gets a send
+    """Worker side, before answering a block request on ``conn``: a local-socket connection gets a send
     buffer of :data:`SOCKET_BUFFER` bytes (an accepted Unix socket does not inherit the
     listener's; with the default ~200 KiB, sendfile of a 4 MiB block waits on the event loop
     about 20 times). TCP connections keep the kernel's auto-tuning."""
@@ -74,20 +81,33 @@ def widen_send_buffer(conn: asyncio.BaseTransport | None) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
 
 
+def _peer_uid(sock: socket.socket) -> int:
+    """The user id of the process that bound the Unix socket ``sock`` is connected to."""
+    _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid
+
+
 class _UnixConnection(HTTPConnection):
-    """urllib3's HTTP connection over an abstract Unix socket (``unix_address``)."""
+    """urllib3's HTTP connection over an abstract Unix socket (``unix_address``). The socket
+    must be held by root or this process's user: an abstract name has no file permissions, and a
+    process of another user that took it first would otherwise receive the bearer token."""
 
     unix_address = ""
 
     def _new_conn(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
             sock.settimeout(self.timeout)
             sock.connect(self.unix_address)
+            uid = _peer_uid(sock)
         except OSError as err:
             sock.close()
             raise _LocalRefused(self, f"local socket: {err}") from err
+        if uid not in (0, os.geteuid()):
+            sock.close()
+            log.warning("the local socket of the cache worker at %s:%s is held by user id %d, not by root or this "
+                        "user: using TCP", self.host, self.port, uid)
+            raise _LocalRefused(self, f"local socket held by user id {uid}")
         return sock
 
 

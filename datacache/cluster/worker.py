@@ -150,6 +150,7 @@ class Worker:
         entry = wire.parse_entry(query, self.roots)
         index = wire.parse_index(query, entry, self.block_size)
         key = str(self.source.key(entry, index))
+        transport.widen_send_buffer(request.transport)
         if query.get("verify") != "1":  # fast paths; verify=1 re-reads through the checked store
             data = self._mem.get(key) if self._mem is not None else None
             if data is not None:
@@ -374,7 +375,6 @@ async def _send_block_file(request: web.Request, f, digest: str) -> web.StreamRe
     size = os.fstat(f.fileno()).st_size
     resp = web.StreamResponse(headers={"X-Block-Checksum": digest, "X-Cache": "hit", "Content-Length": str(size),
                                        "Content-Type": "application/octet-stream"})
-    transport.widen_send_buffer(request.transport)
     await resp.prepare(request)  # a StreamResponse sends its headers here, before the file
     await asyncio.get_running_loop().sendfile(request.transport, f, 0, size)
     await resp.write_eof()

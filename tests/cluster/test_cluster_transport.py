@@ -3,6 +3,8 @@ refused local connection (not a timeout) sends a worker's requests there."""
 from __future__ import annotations
 
 import http.server
+import multiprocessing
+import os
 import socket
 import threading
 
@@ -65,3 +67,33 @@ def test_the_local_name_is_taken_once_and_dies_with_its_socket(tcp_only_server):
     again.close()
     with pytest.raises(ConnectionRefusedError):
         socket.socket(socket.AF_UNIX).connect(transport.local_address(tcp_only_server))
+
+
+def _squat(url: str, ready, got) -> None:
+    """As user nobody: take the worker's local name and report what a client sends."""
+    os.setuid(65534)
+    sock = transport.listen_local(url)
+    sock.setblocking(True)
+    ready.set()
+    conn, _ = sock.accept()
+    conn.settimeout(2)
+    try:
+        got.put(conn.recv(4096))
+    except OSError:
+        got.put(b"")
+
+
+def test_a_local_socket_of_another_user_gets_no_request_and_tcp_answers(tcp_only_server):
+    ctx = multiprocessing.get_context("fork")
+    ready, got = ctx.Event(), ctx.Queue()
+    squatter = ctx.Process(target=_squat, args=(tcp_only_server, ready, got))
+    squatter.start()
+    assert ready.wait(10)
+    blocks = BlockTransport({"Authorization": "Bearer secret-token"}, 1.0, 5.0)
+    try:
+        status, _, body = blocks.get(tcp_only_server, "/v1/block", {"key": "k"}, local=True)
+        assert (status, body) == (200, b"/v1/block?key=k Bearer secret-token")  # from the TCP server
+        assert got.get(timeout=10) == b""  # connected, then closed unused: the token never went there
+    finally:
+        blocks.close()
+        squatter.join(10)
