@@ -15,7 +15,8 @@ from its owner. One module per job:
 | ``metrics``     | a worker's Prometheus metrics, and parsing them back                          |
 | ``worker``      | the aiohttp worker process                                                    |
 | ``peers``       | a worker's peers: read-repair of blocks away from home, hand-off to owners    |
-| ``client``      | the aiohttp client of the worker API, on a background event loop              |
+| ``client``      | the client of the worker API (aiohttp on a background loop; block GETs below) |
+| ``transport``   | blocking block GETs (urllib3), TCP or a same-node worker's local socket       |
 | ``routing``     | per block: which workers to ask in which order, and short-circuit readers     |
 | ``readahead``   | background fetches of the next remote blocks, within the memory budget        |
 | ``source``      | ``ClusterBlockSource``: the block-source interface over the workers           |
