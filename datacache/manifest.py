@@ -52,6 +52,7 @@ CHANGES = ("added", "changed", "deleted")
 BATCH_ROWS = 65536  # rows per Parquet row group and per batch held while streaming
 DIFF_LIMIT = 10000  # paths of each kind a ManifestDiff keeps in memory when its full list is on disk
 _DIR_CACHE_ENTRIES = 262144  # children held by the listdir LRU cache, all directories together
+_FOUND_ENTRIES = 16384  # recent lookups kept (~5 MiB): a warm epoch's hits skip the binary search
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ class Manifest:
         self._dir_cache: OrderedDict[str, dict] = OrderedDict()
         self._dir_cache_size = 0
         self._dir_lock = threading.Lock()
+        self._found: dict[str, FileEntry] = {}  # cleared when full: O(1), no recency to keep
 
     @classmethod
     def from_entries(cls, entries: Iterable) -> "Manifest":
@@ -233,6 +235,16 @@ class Manifest:
     def lookup(self, path: str) -> FileEntry | None:
         """The file at dataset ``path`` (normalised), or None (also for directories)."""
         key = normalize(path)
+        found = self._found.get(key)
+        if found is None:
+            found = self._search(key)
+            if found is not None:
+                if len(self._found) >= _FOUND_ENTRIES:
+                    self._found.clear()
+                self._found[key] = found
+        return found
+
+    def _search(self, key: str) -> FileEntry | None:
         c = bisect.bisect_left(self._lasts, key)
         if not key or c == len(self._chunks):
             return None

@@ -123,3 +123,20 @@ def test_orphan_files_are_swept_once_per_grace_period_per_directory(tmp_path):
         assert os.path.exists(indexed) and tier.get("ds/a/0") is not None
     finally:
         tier.close()
+
+
+def test_a_remembered_row_gone_stale_in_another_process_never_serves_old_bytes(tmp_path):
+    reader, writer = DiskTier(str(tmp_path / "ssd"), 16 * BLOCK), DiskTier(str(tmp_path / "ssd"), 16 * BLOCK)
+    old, new = os.urandom(BLOCK), os.urandom(BLOCK)
+    try:
+        assert reader.put("ds/a/0", old) and reader.get("ds/a/0") == old  # its row is remembered now
+        writer._cache.delete("ds/a/0")  # another process evicts it ...
+        assert reader.get("ds/a/0") is None and "ds/a/0" not in writer
+        assert writer.put("ds/a/0", new)  # ... and stores it again: a new block file
+        assert reader.get("ds/a/0") == new
+        writer._cache.delete("ds/a/0")
+        assert writer.put("ds/a/0", old) and reader.get("ds/a/0") == old
+        assert reader.corrupt == 0 and reader.get("ds/a/0") == writer.get("ds/a/0") == old
+    finally:
+        reader.close()
+        writer.close()

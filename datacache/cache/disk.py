@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 RECHECK_S = 30.0  # seconds an unhealthy tier is left alone before a write is tried again
 ORPHAN_GRACE_S = 600.0  # an unindexed block file older than this is a crash's leftover
 ACCESS_FLUSH_S = 1.0  # seconds between two writes of the blocks' access times to the index
+ROWS_KEPT = 16384  # index rows of recent hits kept in memory (~3 MiB): a hit without a SELECT
 _INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # diskcache's SQLite index and its WAL
 _SELECT_BLOCK = "SELECT filename, tag, size FROM Cache WHERE key = ? AND raw = 1 AND filename IS NOT NULL"
 
@@ -167,6 +168,7 @@ class DiskTier:
         self._low = int(quota * low)
         self._lock = threading.Lock()
         self._cache = self._peek = None  # diskcache handles; None while the directory is unusable
+        self._rows: dict[str, tuple[str, str, int]] = {}  # key -> :meth:`_row` of a recent hit
         self.evictions = 0
         self.corrupt = 0
         self.orphans_removed = 0
@@ -300,22 +302,34 @@ class DiskTier:
         if self._cache is None:
             return None
         try:
-            row = self._row(key)
+            # A remembered row needs no SELECT: block files get a new unique name on every
+            # write, so a row gone stale (evicted, rewritten, by any process) names a file that
+            # no longer exists, and the index is asked again.
+            remembered = self._rows.get(key)
+            row = remembered or self._row(key)
             if row is None:
                 return None
             try:
                 data = _read_block(row[0], row[2])
             except FileNotFoundError:
+                self._rows.pop(key, None)
+                if remembered is not None:
+                    return self.get(key)
                 # Evicted since the SELECT (its row is gone then), or the file was lost: drop the
                 # row, else the refill's put would find the key and never write the file again.
                 self._cache.delete(key)
                 return None
             self._note_access(key)
             if checksum(data) != row[1]:
+                self._rows.pop(key, None)
                 self.corrupt += 1
                 log.warning("cache tier %s: block %s failed its checksum: dropped, refetched", self.path, key)
                 self._cache.delete(key)
                 return None
+            if remembered is None:
+                if len(self._rows) >= ROWS_KEPT:
+                    self._rows.clear()
+                self._rows[key] = row
             return data
         except (OSError, sqlite3.Error) as err:  # a failing device is a miss: the UFS serves it
             self._mark_unhealthy(err)

@@ -75,6 +75,18 @@ def test_lookup_is_dir_listdir_match_the_reference():
         m.lookup("a/../b")
 
 
+def test_repeated_lookups_answer_the_same_and_stay_bounded(monkeypatch):
+    import datacache.manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "_FOUND_ENTRIES", 8)
+    m = chunked([entry(p) for p in PATHS])
+    for _ in range(3):  # the first pass searches, later ones may be remembered: the same answers
+        for p in PATHS:
+            assert m.lookup(p) == entry(p) and len(m._found) <= 8
+        assert m.lookup("nope") is None and m.lookup("a/b") is None  # misses and directories: never kept
+    assert len(PATHS) > 8 and "nope" not in m._found
+
+
 def test_listdir_of_a_directory_of_100000_entries_is_complete_and_cached():
     """C12: a FUSE directory of 100,000 entries lists (FUSE's opendir asks the manifest)."""
     m = chunked([entry(f"big/{i:06d}") for i in range(100_000)] + [entry("big/sub/x"), entry("c")], rows=65536)
