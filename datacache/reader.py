@@ -7,10 +7,11 @@ pattern triggers read-ahead of the next ``readahead`` blocks through the block s
 memory budget is shared by all files: read-ahead past it is skipped, and a file keeps its current
 block only while the budget has room, so open files cannot grow memory past it either.
 
-Given a thread pool (``ahead_pool``), a sequential reader also loads the *next* block into memory
-in the background while the current one is served, so the read that crosses into it finds it
-ready (loading a 4 MiB block from the SSD tier - read, checksum, index update - costs milliseconds
-that would otherwise stall every block boundary). That block is data kept between reads, like
+Given a thread pool (``ahead_pool``), a sequential reader also loads the next ``AHEAD_BLOCKS``
+blocks into memory in the background while the current one is served, so the read that crosses
+into one finds it ready (loading a 4 MiB block from the SSD tier - read, checksum - costs about a
+millisecond that would otherwise stall every block boundary; two loads at once keep a reader that
+copies faster than one load delivers busy). Those blocks are data kept between reads, like
 the current block: it is held against the same budget (``hold``: only while half the budget stays
 free for fills, so it never starves a demand read; skipped otherwise) until it becomes the current
 block or is dropped.
@@ -24,6 +25,8 @@ from concurrent.futures import Future
 
 from datacache.cache.blocks import block_count
 from datacache.manifest import FileEntry
+
+AHEAD_BLOCKS = 2  # blocks a sequential reader has loading in the background at once
 
 
 class DatasetFile(io.RawIOBase):
@@ -50,7 +53,7 @@ class DatasetFile(io.RawIOBase):
         self._prev, self._run = -1, 0  # last block index read; length of the sequential run
         self._lock = threading.Lock()
         self._pool = ahead_pool
-        self._ahead: tuple[int, Future] | None = None  # the next block, loading in the pool
+        self._ahead: list[tuple[int, Future]] = []  # the next blocks, loading in the pool, in order
 
     @property
     def size(self) -> int:
@@ -127,8 +130,7 @@ class DatasetFile(io.RawIOBase):
         """True when block ``index`` is in memory (a read of it costs a slice, no I/O)."""
         if index == self._cur_index:
             return True
-        ahead = self._ahead
-        return ahead is not None and ahead[0] == index and ahead[1].done() and ahead[1].exception() is None
+        return any(i == index and f.done() and f.exception() is None for i, f in list(self._ahead))
 
     def _block(self, index: int) -> bytes:
         # Read (index, bytes) once: another thread may replace the current block meanwhile.
@@ -150,14 +152,24 @@ class DatasetFile(io.RawIOBase):
                 window = range(0)
         window = [i for i in window if i < self._nblocks]
         if self._pool is not None and self._run and index + 1 < self._nblocks:
-            # One job: the hints and the next block's load both stay off the caller's thread.
             try:
-                self._ahead = (index + 1, self._pool.submit(self._load_ahead, index + 1, window))
+                self._load_next(index, window)
                 return block
             except RuntimeError:  # the pool was shut down (its client closed): hints only
                 pass
         self._prefetch(window)
         return block
+
+    def _load_next(self, index: int, window) -> None:
+        """Have blocks ``index + 1 .. index + AHEAD_BLOCKS`` loading in the pool; the hints for
+        ``window`` go with the first new job (or alone), never on the caller's thread."""
+        loading = {i for i, _ in self._ahead}
+        for i in range(index + 1, min(index + 1 + AHEAD_BLOCKS, self._nblocks)):
+            if i not in loading:
+                self._ahead.append((i, self._pool.submit(self._load_ahead, i, window)))
+                window = []
+        if window:
+            self._pool.submit(self._prefetch, window)
 
     def _prefetch(self, window) -> None:
         for i in window:
@@ -177,18 +189,20 @@ class DatasetFile(io.RawIOBase):
             raise
 
     def _take_ahead(self, index: int):
-        """Block ``index`` if it is the one loaded ahead (waiting for it), else None; any other
-        block loaded ahead is dropped. A load ahead that failed is None too: the caller loads the
-        block itself, so an error seen in the background (an outage since over) is not replayed."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
+        """Block ``index`` if it is loading ahead (waiting for it), else None. The blocks loading
+        past it stay; any other is dropped (all of them when ``index`` is not among them: the
+        reader left the run). A load ahead that failed is None too: the caller loads the block
+        itself, so an error seen in the background (an outage since over) is not replayed."""
+        ahead, self._ahead = self._ahead, []
+        hit = next((f for i, f in ahead if i == index), None)
+        for i, f in ahead:
+            if hit is not None and i > index:
+                self._ahead.append((i, f))
+            elif f is not hit:
+                self._discard(f)
+        if hit is None or hit.exception() is not None:
             return None
-        if ahead[0] != index:
-            self._discard(ahead[1])
-            return None
-        if ahead[1].exception() is not None:
-            return None
-        block = ahead[1].result()
+        block = hit.result()
         if block is not None:
             self._src.budget.release(len(block))  # _keep takes it over
         return block
@@ -213,9 +227,9 @@ class DatasetFile(io.RawIOBase):
         self._cur_index, self._cur = (index, block) if self._held else (-1, b"")
 
     def close(self) -> None:
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            self._discard(ahead[1])
+        ahead, self._ahead = self._ahead, []
+        for _, fut in ahead:
+            self._discard(fut)
         with self._lock:
             if self._held:
                 self._src.budget.release(self._held)
