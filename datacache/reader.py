@@ -162,9 +162,13 @@ class DatasetFile(io.RawIOBase):
 
     def _load_next(self, index: int, window) -> None:
         """Have blocks ``index + 1 .. index + AHEAD_BLOCKS`` loading in the pool; the hints for
-        ``window`` go with the first new job (or alone), never on the caller's thread."""
+        the rest of ``window`` go with the first new job (or alone), never on the caller's
+        thread. A block being loaded gets no hint: a remote source would fetch it twice when the
+        hint landed after the load had looked for it."""
         loading = {i for i, _ in self._ahead}
-        for i in range(index + 1, min(index + 1 + AHEAD_BLOCKS, self._nblocks)):
+        targets = range(index + 1, min(index + 1 + AHEAD_BLOCKS, self._nblocks))
+        window = [i for i in window if i not in targets]
+        for i in targets:
             if i not in loading:
                 self._ahead.append((i, self._pool.submit(self._load_ahead, i, window)))
                 window = []
