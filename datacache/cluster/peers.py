@@ -132,7 +132,8 @@ class Peers:
 
         Returns ``{"blocks": distinct keys moved or left (one that vanished another way, evicted
         or dropped by a hand-off pass that ended as the drain began, is not counted), "moved": n
-        held by their owners now, "left": n still here, "seconds": elapsed, "errors": {owner id: "<n> blocks: <why>"}}``."""
+        held by their owners now, "left": n still here, "seconds": elapsed, "errors": {owner id:
+        "<n> blocks: <why>"}}``."""
         self.draining = True
         started = time.monotonic()
         self.router.refresh()  # the control plane marked every leaving worker before this call

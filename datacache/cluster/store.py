@@ -1,9 +1,9 @@
 """A worker's disk tier, able to hand out a block's file and checksum for zero-copy serving.
 
 The worker serves disk blocks with ``sendfile`` from the file :meth:`open_block` opened, so the
-bytes never pass through Python and the worker cannot verify them on the way out. It sends the checksum stored with
-the block instead (``X-Block-Checksum``) and the client verifies it: integrity is still checked on
-every read, end to end, at the one place that has the bytes anyway.
+bytes never pass through Python and the worker cannot verify them on the way out. It sends the
+checksum stored with the block instead (``X-Block-Checksum``) and the client verifies it: integrity
+is still checked on every read, end to end, at the one place that has the bytes anyway.
 
 A disk hit looks the block up without writing to the index (diskcache's LRU policy would write the
 access time on every read: an SQLite transaction on the event loop per block served); the worker

@@ -72,8 +72,8 @@ def listen_local(url: str) -> socket.socket | None:
 
 
 def widen_send_buffer(conn: asyncio.BaseTransport | None) -> None:
-    """Worker side, before answering a block request on ``conn``: a local-socket connection gets a send
-    buffer of :data:`SOCKET_BUFFER` bytes (an accepted Unix socket does not inherit the
+    """Worker side, before answering a block request on ``conn``: a local-socket connection gets
+    a send buffer of :data:`SOCKET_BUFFER` bytes (an accepted Unix socket does not inherit the
     listener's; with the default ~200 KiB, sendfile of a 4 MiB block waits on the event loop
     about 20 times). TCP connections keep the kernel's auto-tuning."""
     sock = conn.get_extra_info("socket") if conn is not None else None

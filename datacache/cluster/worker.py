@@ -371,7 +371,7 @@ async def _with_stale(work, stale) -> dict:
 async def _send_block_file(request: web.Request, f, digest: str) -> web.StreamResponse:
     """A disk hit: the open block file ``f`` sent with ``sendfile``. What aiohttp's FileResponse
     does after its stat/open/conditional-header work in an executor (~0.4 ms a request here),
-    which a block file, opened by the index lookup and never revalidated by clients, needs none of."""
+    which a block file (opened by the index lookup, never revalidated by clients) needs none of."""
     size = os.fstat(f.fileno()).st_size
     resp = web.StreamResponse(headers={"X-Block-Checksum": digest, "X-Cache": "hit", "Content-Length": str(size),
                                        "Content-Type": "application/octet-stream"})
