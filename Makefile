@@ -52,7 +52,7 @@ venv: system $(STAMP)
 # unpinned torch would pull a multi-GB CUDA build. fuse/build_pyfuse3.py first builds pyfuse3
 # with the one-line read patch that lets the FUSE daemon use the kernel's no-open mode (pip then
 # keeps it: it satisfies the fuse extra's pyfuse3 requirement).
-$(STAMP): pyproject.toml fuse/build_pyfuse3.py | system
+$(STAMP): pyproject.toml fuse/build_pyfuse3.py fuse/pyfuse3_dispatch.pxi | system
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python fuse/build_pyfuse3.py
 	$(VENV)/bin/python -m pip install -e '.[dev]' 'torch==2.13.0'

@@ -23,7 +23,7 @@ import io
 import threading
 from concurrent.futures import Future
 
-from datacache.cache.blocks import block_count
+from datacache.cache.blocks import block_count, block_slice
 from datacache.manifest import FileEntry
 
 AHEAD_BLOCKS = 2  # blocks a sequential reader has loading in the background at once
@@ -117,13 +117,13 @@ class DatasetFile(io.RawIOBase):
             lo, hi = offset - first * self._bs, end - first * self._bs
             if lo == 0 and hi == len(block) and isinstance(block, bytes):
                 return block  # a whole small file: pread's bytes() of it is then no copy either
-            return memoryview(block).toreadonly()[lo:hi]
+            return block_slice(block, lo, hi)
         parts = []
         for i in range(first, last + 1):
             block = self._block(i)
             lo = max(offset - i * self._bs, 0)
             hi = min(end - i * self._bs, len(block))
-            parts.append(block[lo:hi])
+            parts.append(block_slice(block, lo, hi))
         return b"".join(parts)
 
     def holds(self, index: int) -> bool:
@@ -139,7 +139,7 @@ class DatasetFile(io.RawIOBase):
             return cur
         block = self._take_ahead(index)
         if block is None:
-            block = self._src.get(self.entry, index)
+            block = self._src.get(self.entry, index, pieces=True)
         with self._lock:
             self._keep(index, block)
             self._run = self._run + 1 if index == self._prev + 1 else 0
@@ -187,7 +187,7 @@ class DatasetFile(io.RawIOBase):
         if not self._src.budget.hold(n):
             return None
         try:
-            return self._src.get(self.entry, index)
+            return self._src.get(self.entry, index, pieces=True)
         except BaseException:
             self._src.budget.release(n)
             raise

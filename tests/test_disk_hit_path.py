@@ -1,7 +1,8 @@
 """The SSD tier's hit path: a read writes nothing to the index (its access time is batched), yet LRU
 eviction still sees it; a block file lost under the index is refetched and stored again; a whole
 small file comes back through ``datacache://`` byte for byte; a block file of the wrong size is
-corrupt; orphan block files are swept at most once per grace period."""
+corrupt; a block read in pieces for a reader is verified as a whole and sliced exactly; orphan
+block files are swept at most once per grace period."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 
 import fsspec
 
-from datacache.cache.blocks import checksum
+from datacache.cache.blocks import PIECE, PieceBlock, checksum
 from datacache.cache.disk import ORPHAN_GRACE_S, DiskTier
 from support import apply_dataset
 
@@ -81,19 +82,48 @@ def test_whole_small_files_read_back_exactly(datacache_home, tmp_path):
         fs.close()
 
 
+def _each_damage_is_dropped(tier: DiskTier, value: bytes, get, damages) -> None:
+    """Store ``value`` as ``ds/a/0``, apply each damage to its file in turn: ``get`` must find it
+    corrupt, count it and drop it (never return the damaged bytes); it is stored again after."""
+    for damage in damages:
+        assert tier.put("ds/a/0", value)
+        with open(tier.block_file("ds/a/0"), "r+b") as f:
+            damage(f)
+        before = tier.corrupt
+        assert get("ds/a/0") is None
+        assert tier.corrupt == before + 1 and "ds/a/0" not in tier
+    assert tier.put("ds/a/0", value)
+
+
 def test_a_truncated_or_grown_block_file_is_corrupt_dropped_and_stored_again(tmp_path):
     tier = DiskTier(str(tmp_path / "ssd"), 16 * BLOCK)
     value = os.urandom(BLOCK)
     try:
-        for damage in (lambda f: f.truncate(BLOCK - 1), lambda f: (f.seek(0, 2), f.write(b"\0"))):
-            assert tier.put("ds/a/0", value)
-            with open(tier.block_file("ds/a/0"), "r+b") as f:
-                damage(f)
-            before = tier.corrupt
-            assert tier.get("ds/a/0") is None  # never the damaged bytes
-            assert tier.corrupt == before + 1 and "ds/a/0" not in tier
-        assert tier.put("ds/a/0", value)
+        _each_damage_is_dropped(tier, value, tier.get, (lambda f: f.truncate(BLOCK - 1),
+                                                        lambda f: (f.seek(0, 2), f.write(b"\0"))))
         assert hashlib.sha256(tier.get("ds/a/0")).digest() == hashlib.sha256(value).digest()
+    finally:
+        tier.close()
+
+
+def test_a_block_read_in_pieces_is_verified_whole_and_sliced_exactly(tmp_path):
+    size = 3 * PIECE + 12345
+    tier = DiskTier(str(tmp_path / "ssd"), 64 * PIECE)
+    value = os.urandom(size)
+    try:
+        assert tier.put("ds/a/0", value)
+        block = tier.get_pieces("ds/a/0")
+        assert isinstance(block, PieceBlock) and len(block) == size
+        assert [len(p) for p in block.pieces] == [PIECE, PIECE, PIECE, 12345]
+        assert hashlib.sha256(bytes(block)).digest() == hashlib.sha256(value).digest()
+        assert block.slice(PIECE, 2 * PIECE) is block.pieces[1]  # a whole piece is handed out, not copied
+        for lo, hi in ((0, 1), (PIECE - 3, PIECE + 5), (17, size), (size - 1, size), (3 * PIECE, size), (5, 3 * PIECE)):
+            assert bytes(block.slice(lo, hi)) == value[lo:hi], (lo, hi)
+        _each_damage_is_dropped(tier, value, tier.get_pieces, (
+            lambda f: (f.seek(size - 7), f.write(b"\xff" if value[-7] != 0xFF else b"\0")),  # in the last piece
+            lambda f: f.truncate(size - 1), lambda f: (f.seek(0, 2), f.write(b"\0"))))
+        assert tier.put("ds/s/0", value[:PIECE])  # one piece or less: plain bytes
+        assert tier.get_pieces("ds/s/0") == value[:PIECE]
     finally:
         tier.close()
 

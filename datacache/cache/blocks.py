@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import xxhash
 
+PIECE = 1 << 20  # bytes per piece of a block read for a reader (FUSE's request size, a loader's read())
+
 
 @dataclass(frozen=True)
 class BlockKey:
@@ -58,3 +60,43 @@ def block_range(index: int, size: int, block_size: int) -> tuple[int, int]:
 def checksum(data: bytes | memoryview) -> str:
     """Checksum stored with every block (xxh3-64, hex): fast enough to verify on every disk read."""
     return xxhash.xxh3_64_hexdigest(data)
+
+
+class PieceBlock:
+    """A block held as consecutive ``bytes`` pieces of :data:`PIECE` bytes (the last may be
+    shorter), as the disk tier reads it for a reader: a read of exactly one piece is that piece
+    itself, with no copy, where slicing one 4 MiB ``bytes`` costs a copy per ``read()``.
+
+    ``len(block)`` is its size in bytes; ``bytes(block)`` joins the pieces (a copy)."""
+
+    __slots__ = ("pieces", "_size")
+
+    def __init__(self, pieces: tuple[bytes, ...]):
+        self.pieces = pieces
+        self._size = sum(map(len, pieces))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
+
+    def slice(self, lo: int, hi: int) -> bytes | memoryview:
+        """Bytes ``[lo, hi)`` of the block (``0 <= lo < hi <= len(block)``): a whole piece as is,
+        a read-only view inside one piece, or a copy joining the parts of several."""
+        first, last = lo // PIECE, (hi - 1) // PIECE
+        if first == last:
+            piece, base = self.pieces[first], first * PIECE
+            if lo == base and hi - base == len(piece):
+                return piece
+            return memoryview(piece)[lo - base:hi - base]
+        return b"".join(memoryview(self.pieces[i])[max(lo - i * PIECE, 0):hi - i * PIECE]
+                        for i in range(first, last + 1))
+
+
+def block_slice(block, lo: int, hi: int) -> bytes | memoryview:
+    """Bytes ``[lo, hi)`` of a block (``bytes``, a ``memoryview`` or a :class:`PieceBlock`) with
+    no copy where one can be avoided: a read-only view, or a whole piece."""
+    if isinstance(block, PieceBlock):
+        return block.slice(lo, hi)
+    return memoryview(block).toreadonly()[lo:hi]

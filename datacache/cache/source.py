@@ -13,7 +13,7 @@ import errno
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from datacache.cache.blocks import BlockKey, block_count, block_range, file_id
+from datacache.cache.blocks import BlockKey, PieceBlock, block_count, block_range, file_id
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
@@ -49,11 +49,12 @@ class LocalBlockSource:
     def is_cached(self, entry: FileEntry, index: int) -> bool:
         return str(self.key(entry, index)) in self.store
 
-    def get(self, entry: FileEntry, index: int) -> bytes | memoryview:
+    def get(self, entry: FileEntry, index: int, pieces: bool = False) -> bytes | memoryview | PieceBlock:
         """Block ``index`` of ``entry`` (short only for the last block); a bytes-like object to
-        slice. Counts a hit or a miss."""
+        slice, or with ``pieces`` possibly a :class:`PieceBlock` (see :meth:`TieredStore.get`).
+        Counts a hit or a miss."""
         key = str(self.key(entry, index))
-        data = self.store.get(key)
+        data = self.store.get(key, pieces=pieces)
         if self.stats is not None:
             self.stats.count(self.dataset, data is not None)
         if data is not None:

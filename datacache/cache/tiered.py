@@ -22,6 +22,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from datacache.cache.blocks import PieceBlock
 from datacache.cache.disk import DiskTier
 from datacache.cache.memory import MemoryTier
 
@@ -51,16 +52,17 @@ class TieredStore:
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # disk hits not yet promoted
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> bytes | memoryview | None:
-        """The block's bytes from the fastest level holding it, or None."""
+    def get(self, key: str, pieces: bool = False) -> bytes | memoryview | PieceBlock | None:
+        """The block's bytes from the fastest level holding it, or None; with ``pieces`` a block
+        read from disk may come as a :class:`PieceBlock` (:meth:`DiskTier.get_pieces`)."""
         if self._mem is not None:
             data = self._mem.get(key)
             if data is not None:
                 return data
         if self._disk is not None:
-            data = self._disk.get(key)
+            data = self._disk.get_pieces(key) if pieces else self._disk.get(key)
             if data is not None and self._mem is not None and self._second_access(key):
-                self._mem.put(key, data)
+                self._mem.put(key, bytes(data))
             return data
         return None
 

@@ -33,7 +33,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 
-from datacache.cache.blocks import BlockKey, block_count, block_range, file_id
+from datacache.cache.blocks import BlockKey, PieceBlock, block_count, block_range, file_id
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.memory import MemoryTier
 from datacache.cache.source import LocalBlockSource
@@ -87,12 +87,13 @@ class ClusterBlockSource:
         """Bytes read from the UFS for this client: by workers on its behalf and directly."""
         return self._remote_ufs_bytes + self._direct.ufs_bytes
 
-    def get(self, entry: FileEntry, index: int) -> bytes | memoryview:
-        """Block ``index`` of ``entry`` (bytes-like, short only for the last block). Raises
+    def get(self, entry: FileEntry, index: int, pieces: bool = False) -> bytes | memoryview | PieceBlock:
+        """Block ``index`` of ``entry`` (bytes-like, short only for the last block; with
+        ``pieces``, one read from a same-node disk tier may be a :class:`PieceBlock`). Raises
         FileNotFoundError / StaleFileError / UFSUnavailableError as the UFS does, never a
         worker's failure."""
         key = str(self.key(entry, index))
-        data, hit, remote = self._ahead.take(key) or self._fetch(entry, index, key)
+        data, hit, remote = self._ahead.take(key) or self._fetch(entry, index, key, pieces)
         if self.stats is not None:
             self.stats.count(self.dataset, hit, remote)
         return data
@@ -195,12 +196,13 @@ class ClusterBlockSource:
     def _file_id(self, entry: FileEntry) -> str:
         return file_id(entry.mount, entry.ufs_path, entry.version, self.block_size)
 
-    def _fetch(self, entry: FileEntry, index: int, key: str) -> tuple[bytes, bool, bool]:
+    def _fetch(self, entry: FileEntry, index: int, key: str, pieces: bool = False) -> tuple[bytes, bool, bool]:
         """The read path of the module docstring; ``(bytes, hit, remote)``, ``remote``: served by a
-        worker on another node (``remoteHitRatio``; short-circuit and same-node hits are local)."""
+        worker on another node (``remoteHitRatio``; short-circuit and same-node hits are local).
+        ``pieces``: a short-circuit read may return a :class:`PieceBlock`."""
         for member in self.router.candidates(key)[:self.tries]:
             tier = self.router.local_tier(member)
-            data = tier.get(key) if tier is not None else None
+            data = None if tier is None else tier.get_pieces(key) if pieces else tier.get(key)
             if data is not None:
                 return data, True, False
             try:

@@ -308,5 +308,9 @@ async def _main_loop(workers: int) -> bool:
     loop.set_exception_handler(on_error)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop, sig.name)
-    await pyfuse3.main(min_tasks=1, max_tasks=max(64, 2 * workers))
+    max_tasks = max(64, 2 * workers)
+    if hasattr(pyfuse3, "main_readable"):  # fuse/build_pyfuse3.py's loop (one reader callback)
+        await pyfuse3.main_readable(max_tasks=max_tasks)
+    else:  # stock pyfuse3
+        await pyfuse3.main(min_tasks=1, max_tasks=max_tasks)
     return bool(signalled)
