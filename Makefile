@@ -50,7 +50,7 @@ venv: system $(STAMP)
 
 # torch==2.13.0 is the CPU build this machine type carries on disk (for the DataLoader test); an
 # unpinned torch would pull a multi-GB CUDA build. fuse/build_pyfuse3.py first builds pyfuse3
-# with the one-line read patch that lets the FUSE daemon use the kernel's no-open mode (pip then
+# with datacache's two patches (the kernel's no-open mode; a reader-callback main loop) (pip then
 # keeps it: it satisfies the fuse extra's pyfuse3 requirement).
 $(STAMP): pyproject.toml fuse/build_pyfuse3.py fuse/pyfuse3_dispatch.pxi | system
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)

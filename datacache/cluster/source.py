@@ -202,7 +202,9 @@ class ClusterBlockSource:
         ``pieces``: a short-circuit read may return a :class:`PieceBlock`."""
         for member in self.router.candidates(key)[:self.tries]:
             tier = self.router.local_tier(member)
-            data = None if tier is None else tier.get_pieces(key) if pieces else tier.get(key)
+            data = None
+            if tier is not None:
+                data = tier.get_pieces(key) if pieces else tier.get(key)
             if data is not None:
                 return data, True, False
             try:
