@@ -16,7 +16,8 @@ third empties a worker before a scale-in removes it:
   it agrees that it is the owner (no ping-pong while two workers see different members), and the
   holder drops its copy once the owner holds it, one ``HANDOFF_CHECK_S`` tick later (so a status
   count, which asks owner and holder at about the same time, sees the block on one side or the
-  other while it moves). Each block then sits on its owner alone.
+  other while it moves), unless a peer's pull counted on that copy meanwhile (:meth:`Peers.recall`:
+  the owner was drained and handed the block back). Each block then sits on its owner alone.
 - **Drain** (before a scale-in stops a worker). The control plane takes the worker out of the
   members placement ranks (``Membership.drain``): reads and warmups go to the workers that stay,
   whose read-repair also asks draining workers. Then the worker offers each of its blocks to its
@@ -60,7 +61,8 @@ class Peers:
         self.me = me
         self.router = router
         self.client = client
-        self._taken: list[str] = []  # blocks owners took: this worker's copies go at the next tick
+        self._taken: set[str] = set()  # blocks owners took: this worker's copies go at the next tick
+        self._dropping: set[str] = set()  # of those, the one being deleted now
         self.draining = False
 
     def _others(self, key: str) -> list[Member]:
@@ -114,8 +116,31 @@ class Peers:
         if self.me not in members:
             return 0, False
         taken, errors = await self._offer(keys, members)
-        self._taken += taken
+        self._taken.update(taken)
         return len(taken), not errors
+
+    def recall(self, key: str) -> bool:
+        """A peer is about to count on this worker's copy of ``key`` (its pull found it here):
+        the copy is no longer dropped at the next tick, since the owner it went to may be
+        draining and hand it back. False while the copy is being deleted (the peer retries)."""
+        if key in self._dropping:
+            return False
+        self._taken.discard(key)
+        return True
+
+    async def _drop_taken(self, discard) -> list[str]:
+        """Delete (``discard(key)``, in a thread) the copies owners took since the last tick and
+        no peer recalled; returns their keys."""
+        dropped = []
+        while self._taken:
+            key = self._taken.pop()
+            self._dropping.add(key)
+            try:
+                await asyncio.to_thread(discard, key)
+            finally:
+                self._dropping.discard(key)
+            dropped.append(key)
+        return dropped
 
     async def drain(self, list_keys, discard, settled, seconds: float) -> dict:
         """Hand every block this worker holds (``list_keys()``, in a thread: the keys on its disk
@@ -142,10 +167,7 @@ class Peers:
         errors: dict[str, str] = {}
         offered: dict[str, Member] = {}  # the owners of the last pass, who the reasons name
         while True:
-            taken, self._taken = self._taken, []  # a hand-off pass that ended after the drain began
-            for key in taken:
-                await asyncio.to_thread(discard, key)
-            moved.update(taken)
+            moved.update(await self._drop_taken(discard))  # a hand-off pass that ended after the drain began
             left = await asyncio.to_thread(list_keys)
             leaving = {m.worker_id for m in self.router.draining()} | {self.me}
             members = {m.worker_id: m for m in self.router.members() if m.worker_id not in leaving}
@@ -213,9 +235,7 @@ class Peers:
             await asyncio.sleep(HANDOFF_CHECK_S)
             if self.draining:  # :meth:`drain` moves (and drops) everything now
                 continue
-            taken, self._taken = self._taken, []
-            for key in taken:
-                await asyncio.to_thread(discard, key)
+            await self._drop_taken(discard)
             live = frozenset((m.worker_id, m.pid) for m in self.router.members())
             if live == seen and time.monotonic() - last < HANDOFF_PERIOD_S:
                 continue

@@ -190,6 +190,9 @@ class Worker:
         holder = wire.parse_worker_id(body, "from")
         held = []
         for key in keys if not self.draining else ():  # a leaving worker takes no block
+            if self.peers is not None and not self.peers.recall(key):  # being dropped: asked again later
+                held.append(False)
+                continue
             ok = await asyncio.get_running_loop().run_in_executor(None, self.store.__contains__, key)
             if not ok and self.peers is not None and self.peers.owns(key):
                 data = await self.peers.pull_from(holder, key)
