@@ -13,7 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from datacache.cache.blocks import block_count
+from datacache.cache.blocks import block_count, block_slice
 from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry, Manifest, normalize
 from datacache.reader import DatasetFile
@@ -132,12 +132,14 @@ class DatasetClient:
             with self.open_entry(entry) as f:
                 return f.pread(offset, size)
         try:
-            block = self.source.get(entry, index)
+            block = self.source.get(entry, index, pieces=True)
         except StaleFileError:
             self._stale(entry)
             raise
         lo, hi = offset - index * bs, end - index * bs
-        return block if lo == 0 and hi == len(block) and isinstance(block, bytes) else bytes(block[lo:hi])
+        if lo == 0 and hi == len(block) and isinstance(block, bytes):
+            return block
+        return bytes(block_slice(block, lo, hi))
 
     def _stale(self, entry: FileEntry) -> None:
         """``entry``'s version can no longer be read: refresh its manifest entry, so that the next

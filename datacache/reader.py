@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import threading
+from collections import deque
 from concurrent.futures import Future
 
 from datacache.cache.blocks import block_count, block_slice
@@ -53,7 +54,7 @@ class DatasetFile(io.RawIOBase):
         self._prev, self._run = -1, 0  # last block index read; length of the sequential run
         self._lock = threading.Lock()
         self._pool = ahead_pool
-        self._ahead: list[tuple[int, Future]] = []  # the next blocks, loading in the pool, in order
+        self._ahead: deque[tuple[int, Future]] = deque()  # the next blocks, loading in the pool, in order
 
     @property
     def size(self) -> int:
@@ -138,19 +139,19 @@ class DatasetFile(io.RawIOBase):
         if index == cur_index:
             return cur
         block = self._take_ahead(index)
-        if block is None:
+        held = block is not None  # a block loaded ahead comes held against the budget
+        if not held:
             block = self._src.get(self.entry, index, pieces=True)
         with self._lock:
-            self._keep(index, block)
+            self._keep(index, block, held)
             self._run = self._run + 1 if index == self._prev + 1 else 0
             self._prev = index
             if self._run == 1:  # a sequential run starts: fill the whole window
-                window = range(index + 1, index + 1 + self._readahead)
+                window = range(index + 1, min(index + 1 + self._readahead, self._nblocks))
             elif self._run > 1:  # it goes on: the window slides by one block
-                window = range(index + self._readahead, index + self._readahead + 1)
+                window = range(index + self._readahead, min(index + self._readahead + 1, self._nblocks))
             else:
                 window = range(0)
-        window = [i for i in window if i < self._nblocks]
         if self._pool is not None and self._run and index + 1 < self._nblocks:
             try:
                 self._load_next(index, window)
@@ -160,20 +161,19 @@ class DatasetFile(io.RawIOBase):
         self._prefetch(window)
         return block
 
-    def _load_next(self, index: int, window) -> None:
+    def _load_next(self, index: int, window: range) -> None:
         """Have blocks ``index + 1 .. index + AHEAD_BLOCKS`` loading in the pool; the hints for
         the rest of ``window`` go with the first new job (or alone), never on the caller's
         thread. A block being loaded gets no hint: a remote source would fetch it twice when the
         hint landed after the load had looked for it."""
-        loading = {i for i, _ in self._ahead}
-        targets = range(index + 1, min(index + 1 + AHEAD_BLOCKS, self._nblocks))
-        window = [i for i in window if i not in targets]
-        for i in targets:
-            if i not in loading:
-                self._ahead.append((i, self._pool.submit(self._load_ahead, i, window)))
-                window = []
-        if window:
-            self._pool.submit(self._prefetch, window)
+        last = index + AHEAD_BLOCKS
+        hints = range(max(window.start, last + 1), window.stop)
+        first = self._ahead[-1][0] + 1 if self._ahead else index + 1  # loads ahead are consecutive
+        for i in range(first, min(last + 1, self._nblocks)):
+            self._ahead.append((i, self._pool.submit(self._load_ahead, i, hints)))
+            hints = range(0)
+        if hints:
+            self._pool.submit(self._prefetch, hints)
 
     def _prefetch(self, window) -> None:
         for i in window:
@@ -193,23 +193,27 @@ class DatasetFile(io.RawIOBase):
             raise
 
     def _take_ahead(self, index: int):
-        """Block ``index`` if it is loading ahead (waiting for it), else None. The blocks loading
-        past it stay; any other is dropped (all of them when ``index`` is not among them: the
-        reader left the run). A load ahead that failed is None too: the caller loads the block
-        itself, so an error seen in the background (an outage since over) is not replayed."""
-        ahead, self._ahead = self._ahead, []
-        hit = next((f for i, f in ahead if i == index), None)
-        for i, f in ahead:
-            if hit is not None and i > index:
-                self._ahead.append((i, f))
-            elif f is not hit:
-                self._discard(f)
-        if hit is None or hit.exception() is not None:
+        """Block ``index`` if it is loading ahead (waiting for it), still held against the budget,
+        else None. The blocks loading past it stay; any other is dropped (all of them when
+        ``index`` is not among them: the reader left the run). A load ahead that failed is None
+        too: the caller loads the block itself, so an error seen in the background (an outage
+        since over) is not replayed."""
+        if self._ahead and self._ahead[0][0] == index:  # the next block of a sequential run
+            hit = self._ahead.popleft()[1]
+        else:
+            ahead, self._ahead = self._ahead, deque()
+            hit = next((f for i, f in ahead if i == index), None)
+            for i, f in ahead:
+                if hit is not None and i > index:
+                    self._ahead.append((i, f))
+                elif f is not hit:
+                    self._discard(f)
+            if hit is None:
+                return None
+        try:
+            return hit.result()
+        except Exception:
             return None
-        block = hit.result()
-        if block is not None:
-            self._src.budget.release(len(block))  # _keep takes it over
-        return block
 
     def _discard(self, fut: Future) -> None:
         """Drop a block loaded ahead: not started yet, it never runs; else its hold is released
@@ -221,17 +225,18 @@ class DatasetFile(io.RawIOBase):
         if fut.exception() is None and fut.result() is not None:
             self._src.budget.release(len(fut.result()))
 
-    def _keep(self, index: int, block) -> None:
-        """Keep ``block`` for the next read if the shared memory budget has room for it, so that
-        many open files cannot hold more than the budget between them."""
+    def _keep(self, index: int, block, held: bool) -> None:
+        """Keep ``block`` for the next read if it is ``held`` against the shared memory budget
+        already (loaded ahead) or the budget has room for it, so that many open files cannot hold
+        more than the budget between them."""
         budget = self._src.budget
         if self._held:
             budget.release(self._held)
-        self._held = len(block) if budget.hold(len(block)) else 0
+        self._held = len(block) if held or budget.hold(len(block)) else 0
         self._cur_index, self._cur = (index, block) if self._held else (-1, b"")
 
     def close(self) -> None:
-        ahead, self._ahead = self._ahead, []
+        ahead, self._ahead = self._ahead, deque()
         for _, fut in ahead:
             self._discard(fut)
         with self._lock:

@@ -1,8 +1,9 @@
 """The SSD tier's hit path: a read writes nothing to the index (its access time is batched), yet LRU
 eviction still sees it; a block file lost under the index is refetched and stored again; a whole
 small file comes back through ``datacache://`` byte for byte; a block file of the wrong size is
-corrupt; a block read in pieces for a reader is verified as a whole and sliced exactly; orphan
-block files are swept at most once per grace period."""
+corrupt; a block read in pieces for a reader is verified as a whole and sliced exactly, and kept in
+pieces when promoted to MEM; orphan block files are swept at most once per grace period; a remembered
+index row gone stale is asked again (reads and read-ahead hints alike)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import fsspec
 
 from datacache.cache.blocks import PIECE, PieceBlock, checksum
 from datacache.cache.disk import ORPHAN_GRACE_S, DiskTier
+from datacache.cache.memory import MemoryTier
+from datacache.cache.tiered import TieredStore
 from support import apply_dataset
 
 BLOCK = 256 << 10
@@ -128,6 +131,24 @@ def test_a_block_read_in_pieces_is_verified_whole_and_sliced_exactly(tmp_path):
         tier.close()
 
 
+def test_a_block_promoted_to_mem_from_a_piece_read_stays_in_pieces(tmp_path):
+    size = 4 * PIECE
+    value = os.urandom(size)
+    store = TieredStore([MemoryTier(64 * PIECE), DiskTier(str(tmp_path / "ssd"), 64 * PIECE)])
+    try:
+        assert store.put("ds/a/0", value)
+        first = store.get("ds/a/0", pieces=True)  # from disk; seen once
+        promoted = store.get("ds/a/0", pieces=True)  # from disk; second access: promoted as is
+        assert store.levels[0].used() == size and "ds/a/0" in store.levels[0]
+        hit = store.get("ds/a/0", pieces=True)
+        assert hit is promoted and isinstance(hit, PieceBlock) and first is not promoted
+        assert hit.slice(2 * PIECE, 3 * PIECE) is hit.pieces[2]  # a MEM hit hands a piece out, no copy
+        whole = store.get("ds/a/0")  # a whole-block caller (a worker) gets bytes
+        assert type(whole) is bytes and hashlib.sha256(whole).digest() == hashlib.sha256(value).digest()
+    finally:
+        store.close()
+
+
 def test_orphan_files_are_swept_once_per_grace_period_per_directory(tmp_path):
     path = str(tmp_path / "ssd")
     tier = DiskTier(path, 16 * BLOCK)
@@ -161,8 +182,13 @@ def test_a_remembered_row_gone_stale_in_another_process_never_serves_old_bytes(t
     try:
         assert reader.put("ds/a/0", old) and reader.get("ds/a/0") == old  # its row is remembered now
         writer._cache.delete("ds/a/0")  # another process evicts it ...
+        assert not reader.advise("ds/a/0")
         assert reader.get("ds/a/0") is None and "ds/a/0" not in writer
         assert writer.put("ds/a/0", new)  # ... and stores it again: a new block file
+        assert reader.advise("ds/a/0")  # its new row is remembered by the hint ...
+        os.unlink(writer.block_file("ds/a/0"))  # ... and its file lost: a miss, never old bytes
+        assert reader.get("ds/a/0") is None and "ds/a/0" not in writer
+        assert writer.put("ds/a/0", new)
         assert reader.get("ds/a/0") == new
         writer._cache.delete("ds/a/0")
         assert writer.put("ds/a/0", old) and reader.get("ds/a/0") == old

@@ -119,6 +119,16 @@ def _read_pieces(path: str, size: int) -> tuple[PieceBlock, str]:
         os.close(fd)
 
 
+def _will_need(row: tuple[str, str, int]) -> bool:
+    """Start the kernel's read-ahead of a block file (the path in ``row``), without waiting."""
+    fd = os.open(row[0], os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+    return True
+
+
 @contextlib.contextmanager
 def _flocked(fd: int):
     """Hold the exclusive ``flock`` on ``fd`` (the directory's ``.lock``): other processes wait."""
@@ -353,42 +363,59 @@ class DiskTier:
         if self._cache is None:
             return None
         try:
-            # A remembered row needs no SELECT: block files get a new unique name on every
-            # write, so a row gone stale (evicted, rewritten, by any process) names a file that
-            # no longer exists, and the index is asked again.
-            remembered = self._rows.get(key)
-            row = remembered or self._row(key)
-            if row is None:
-                return None
-            try:
-                if pieces and row[2] > PIECE:
-                    data, digest = _read_pieces(row[0], row[2])
-                else:
-                    data = _read_block(row[0], row[2])
-                    digest = checksum(data)
-            except FileNotFoundError:
-                self._rows.pop(key, None)
-                if remembered is not None:
-                    return self._get(key, pieces)
-                # Evicted since the SELECT (its row is gone then), or the file was lost: drop the
-                # row, else the refill's put would find the key and never write the file again.
-                self._cache.delete(key)
-                return None
-            self._note_access(key)
-            if digest != row[1]:
-                self._rows.pop(key, None)
-                self.corrupt += 1
-                log.warning("cache tier %s: block %s failed its checksum: dropped, refetched", self.path, key)
-                self._cache.delete(key)
-                return None
-            if remembered is None:
-                if len(self._rows) >= ROWS_KEPT:
-                    self._rows.clear()
-                self._rows[key] = row
-            return data
+            found = self._at_row(key, functools.partial(self._read_verified, pieces=pieces))
+        except FileNotFoundError:
+            # Evicted since the SELECT (its row is gone then), or the file was lost: drop the
+            # row, else the refill's put would find the key and never write the file again.
+            self._cache.delete(key)
+            return None
         except (OSError, sqlite3.Error) as err:  # a failing device is a miss: the UFS serves it
             self._mark_unhealthy(err)
             return None
+        if found is None:
+            return None
+        row, (data, digest) = found
+        self._note_access(key)
+        if digest != row[1]:
+            self._rows.pop(key, None)
+            self.corrupt += 1
+            log.warning("cache tier %s: block %s failed its checksum: dropped, refetched", self.path, key)
+            self._cache.delete(key)
+            return None
+        return data
+
+    @staticmethod
+    def _read_verified(row: tuple[str, str, int], pieces: bool) -> tuple[PieceBlock | bytes, str]:
+        """``(the block file's bytes, their xxh3-64 hex digest)``; in pieces when asked for and
+        the block is longer than one."""
+        if pieces and row[2] > PIECE:
+            return _read_pieces(row[0], row[2])
+        data = _read_block(row[0], row[2])
+        return data, checksum(data)
+
+    def _at_row(self, key: str, use):
+        """``(row, use(row))`` for the block's :meth:`_row`, or None when the index has none.
+
+        The row is remembered once a use found its file, so the next needs no SELECT: block files
+        get a new unique name on every write, so a remembered row gone stale (evicted, rewritten,
+        by any process) names a file that no longer exists; it is forgotten and the index asked
+        again. ``FileNotFoundError`` from a row just read from the index propagates."""
+        remembered = self._rows.get(key)
+        row = remembered or self._row(key)
+        if row is None:
+            return None
+        try:
+            result = use(row)
+        except FileNotFoundError:
+            self._rows.pop(key, None)
+            if remembered is None:
+                raise
+            return self._at_row(key, use)
+        if remembered is None:
+            if len(self._rows) >= ROWS_KEPT:
+                self._rows.clear()
+            self._rows[key] = row
+        return row, result
 
     def _note_access(self, key: str) -> None:
         """Remember a use of ``key`` for LRU; written with the others at most every
@@ -436,18 +463,12 @@ class DiskTier:
     def advise(self, key: str) -> bool:
         """True when the block is stored; its file is then read ahead asynchronously by the kernel
         (``posix_fadvise(WILLNEED)``), so the coming ``get`` finds it in the page cache."""
-        path = self.block_file(key)
-        if path is None:
+        if self._peek is None:
             return False
         try:
-            fd = os.open(path, os.O_RDONLY)
+            return self._at_row(key, _will_need) is not None
         except FileNotFoundError:  # evicted meanwhile: a miss after all
             return False
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        finally:
-            os.close(fd)
-        return True
 
     def put(self, key: str, data: bytes | memoryview) -> bool:
         """Store a block; False when it is not kept: larger than the high watermark even in an

@@ -1,4 +1,4 @@
-"""MEM tier: a bounded LRU of block bytes inside one process.
+"""MEM tier: a bounded LRU of blocks inside one process.
 
 Eviction follows Fluid/Alluxio's tiered store: when a put would take the tier past
 ``high * quota`` bytes, least recently used blocks go until it is at or below ``low * quota``.
@@ -9,9 +9,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from datacache.cache.blocks import PieceBlock
+
 
 class MemoryTier:
-    """LRU of ``bytes`` values, bounded by ``quota`` bytes (watermarks ``high``/``low`` in (0, 1])."""
+    """LRU of blocks (``bytes``, or a :class:`PieceBlock` as a reader got it from disk: kept as
+    is, no copy), bounded by ``quota`` bytes (watermarks ``high``/``low`` in (0, 1])."""
 
     medium = "MEM"
 
@@ -19,12 +22,12 @@ class MemoryTier:
         self.quota = quota
         self._high = int(quota * high)
         self._low = int(quota * low)
-        self._blocks: OrderedDict[str, bytes] = OrderedDict()
+        self._blocks: OrderedDict[str, bytes | PieceBlock] = OrderedDict()
         self._used = 0
         self._lock = threading.Lock()
         self.evictions = 0
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> bytes | PieceBlock | None:
         with self._lock:
             data = self._blocks.get(key)
             if data is not None:
@@ -34,7 +37,7 @@ class MemoryTier:
     def __contains__(self, key: str) -> bool:
         return key in self._blocks
 
-    def put(self, key: str, data: bytes) -> bool:
+    def put(self, key: str, data: bytes | memoryview | PieceBlock) -> bool:
         """Store a block; returns False (storing nothing) when it is larger than the high mark."""
         size = len(data)
         if size > self._high:
@@ -48,7 +51,7 @@ class MemoryTier:
                     _, old = self._blocks.popitem(last=False)
                     self._used -= len(old)
                     self.evictions += 1
-            self._blocks[key] = bytes(data)
+            self._blocks[key] = data if isinstance(data, PieceBlock) else bytes(data)
             self._used += size
             return True
 

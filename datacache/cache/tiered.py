@@ -54,15 +54,16 @@ class TieredStore:
 
     def get(self, key: str, pieces: bool = False) -> bytes | memoryview | PieceBlock | None:
         """The block's bytes from the fastest level holding it, or None; with ``pieces`` a block
-        read from disk may come as a :class:`PieceBlock` (:meth:`DiskTier.get_pieces`)."""
+        may come as a :class:`PieceBlock` (read from disk by :meth:`DiskTier.get_pieces`, or kept
+        so in MEM), else a MEM-held one is joined (a copy)."""
         if self._mem is not None:
             data = self._mem.get(key)
             if data is not None:
-                return data
+                return bytes(data) if not pieces and isinstance(data, PieceBlock) else data
         if self._disk is not None:
             data = self._disk.get_pieces(key) if pieces else self._disk.get(key)
             if data is not None and self._mem is not None and self._second_access(key):
-                self._mem.put(key, bytes(data))
+                self._mem.put(key, data)
             return data
         return None
 
