@@ -13,6 +13,12 @@ Warm reads (data already cached / copied; the same read sizes on every side):
 - ``local copy``: the same files copied once to a local directory (written in 4 MiB writes), read
   with ``open()``/``read()`` (page cache warm: one untimed pass first) - the ceiling;
 - ``simplecache::s3://``: fsspec's whole-file cache over s3fs, filled by one untimed pass;
+- ``SSD tier block files, raw read()``: the block files the SSD-only runtime's warmup wrote for the
+  same files, read in order with ``os.read`` (no checksum, no reader, no index): what the cache's
+  on-disk layout delivers from the page cache here, the ceiling ``datacache://`` works under. A file
+  written in one large write is cached in large page-cache folios; once the kernel has paged it out
+  and read it back (this VM's DAMON pages out idle memory), small files like 4 MiB blocks come back
+  in small folios that copy slower, where one long file read sequentially ramps up to large ones;
 - ``datacache://`` after ``Embedded.warmup``, through ``fsspec.filesystem("datacache")``, for the
   demo's default CacheRuntime (MEM 256Mi + SSD 2Gi) and an SSD-only one. MEM is per process, so
   with the default runtime the first pass of a new client is served by SSD (and promotes blocks
@@ -68,6 +74,8 @@ from benchmarks.common import (
     summarize,
     timed,
 )
+from datacache.cache.blocks import block_count
+from datacache.control.embedded import Embedded
 from datacache.dataload import warmup as dataload_warmup
 
 RUNTIMES = ("default", "ssd-only")
@@ -171,6 +179,60 @@ def local_reader(env: DemoEnvironment, wl: Workload, root: str, chunk: int) -> R
 
 def fsspec_reader(env: DemoEnvironment, wl: Workload, fs, names: list[str], chunk: int) -> Reader:
     return make_reader(wl.paths, names, wl.whole, chunk, env.sums, fs.cat_file, lambda n: fs.open(n, "rb"))
+
+
+class _ChainedFiles:
+    """``read(n)`` over the files ``paths`` one after another (raw, unbuffered), as a context manager."""
+
+    def __init__(self, paths: list[str]):
+        self._paths = iter(paths)
+        self._fd: int | None = None
+
+    def read(self, n: int) -> bytes:
+        while True:
+            if self._fd is None:
+                path = next(self._paths, None)
+                if path is None:
+                    return b""
+                self._fd = os.open(path, os.O_RDONLY)
+            data = os.read(self._fd, n)
+            if data:
+                return data
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> _ChainedFiles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+
+def block_file_reader(env: DemoEnvironment, wl: Workload, home: str, chunk: int) -> Reader:
+    """``wl``'s files as the SSD tier of the runtime at ``home`` stores them, read raw: each file is
+    the chain of its block files (found once, here, through the dataset's block source)."""
+    plane = Embedded(home)
+    try:
+        client = plane.open_dataset(DATASET, "default")
+        try:
+            blocks = {}
+            for p in wl.paths:
+                entry = client.stat(p)
+                keys = [str(client.source.key(entry, i)) for i in range(block_count(entry.size, client.block_size))]
+                blocks[p] = [client.source.store.block_file(k) for k in keys]
+        finally:
+            client.close()
+    finally:
+        plane.close()
+    if any(f is None for files in blocks.values() for f in files):
+        raise RuntimeError(f"{wl.name}: a block is missing from the SSD tier at {home} after its warmup")
+
+    def cat(p: str) -> bytes:
+        files = blocks[p]
+        return _local_cat(files[0]) if len(files) == 1 else b"".join(map(_local_cat, files))
+
+    return make_reader(wl.paths, wl.paths, wl.whole, chunk, env.sums, cat, lambda p: _ChainedFiles(blocks[p]))
 
 
 def datacache_fs(home: str):
@@ -307,6 +369,8 @@ class ReadPathBench:
         systems.append(ReadSystem("simplecache::s3:// warm", "peer", simplecache,
                                   cleanup=lambda: shutil.rmtree(sc_dir, ignore_errors=True),
                                   prime_label="fill pass"))
+        systems.append(ReadSystem("SSD tier block files, raw read()", "layout",
+                                  lambda _: block_file_reader(env, wl, self.homes["ssd-only"], chunk)))
         for rt in RUNTIMES:
             label, home = env.runtime_label(rt), self.homes[rt]
 
@@ -430,6 +494,8 @@ def build_rows(results: list[Result], workloads: list[Workload], stat: str,
                 vs_peer = f"{s.mb_s / peer.mb_s:.2f}x {peer_name}" if peer and r.role == "subject" else "-"
                 if r.role == "local":
                     goal, met = "(ceiling)", ""
+                elif r.role == "layout":
+                    goal, met = "(cache layout)", ""
                 elif r.role == "peer":
                     goal, met = "(peer)", ""
                 elif kind == "read":

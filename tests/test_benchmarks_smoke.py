@@ -10,6 +10,9 @@
 - ``benchmarks.fuse_read``: one run at tiny sizes with every system (datacache mounts, rclone,
   direct), checking that every row has measured figures, that the daemons' peak RSS was read, and
   that no mount or process is left behind.
+- ``benchmarks.read_path``: one run at tiny sizes; every system's bytes are checked inside the
+  readers (sha256 per file), every row of both workloads has a positive rate, the SSD tier's block
+  files read raw are compared with the local copy and carry no goal.
 - ``python -m benchmarks`` (the side-by-side harness): one run at tiny sizes with every installed
   system; every system's bytes are checked against the source inside the readers, every ratio is
   finite and positive, RESULTS.md and the PNG are written; a missing tool is "not installed". The
@@ -168,6 +171,28 @@ def test_fuse_read_benchmark_tiny(capsys):
     text, met, goals = bench.table()
     assert goals == 4 and 0 <= met <= goals
     assert "x direct" in text and "x rclone" in text and "(ceiling)" in text
+
+
+def test_read_path_benchmark_tiny(capsys):
+    from benchmarks import read_path
+
+    assert read_path.main(["--files", "12", "--shard-mib", "9", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("  ") if c.strip()]
+        if cells and cells[0] in ("JPEG tree", "tar shard", "warmup: JPEG tree", "warmup: tar shard"):
+            rows[(cells[0], cells[1])] = cells
+    systems = {s for _, s in rows}
+    assert {"local copy, open()/read()", "simplecache::s3:// warm", "SSD tier block files, raw read()",
+            "datacache:// [SSD 2Gi]", "s3fs get_file, sequential"} <= systems, systems
+    assert len(rows) == 2 * 6 + 2 * 3, sorted(rows)
+    for key, cells in rows.items():
+        assert float(cells[2].replace(",", "")) > 0, key
+    for workload in ("JPEG tree", "tar shard"):
+        layout = rows[(workload, "SSD tier block files, raw read()")]
+        assert layout[-1] == "(cache layout)" and float(layout[5].rstrip("x")) > 0
+    assert "goals met: " in out and "/10" in out
 
 
 def test_proxy_answers_502_when_the_upstream_is_down_and_stops_its_child():
