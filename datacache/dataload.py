@@ -100,7 +100,10 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
             res.failures.append(str(err))
             continue
         if not entries:
-            res.failures.append(f"{path}: no such file, directory or match in dataset {client.name!r}")
+            res.failures.append(
+                f"{path}: no such file, directory or match in dataset {client.name!r} as of its last metadata "
+                f"sync; a file added to the UFS since is listed after `datacache sync {client.name}` (or the "
+                "Dataset's spec.autoSyncInterval)")
             continue
         res.files, res.bytes = len(entries), sum(e.size for e in entries)
         per_target[-1] = entries

@@ -88,7 +88,10 @@ def test_c9_warmup_missing_and_existing_targets(named_dataset, datacache_home):
     doc = json.loads(dc("get", "dataloads", "-o", "json", home=datacache_home, check=True).stdout)["items"][0]
     assert doc["status"]["phase"] == "Failed"
     missing, local = doc["status"]["targets"]
-    assert missing["phase"] == "Failed" and missing["failures"]
+    assert missing["phase"] == "Failed" and missing["failures"] == [
+        "/s3/does-not-exist: no such file, directory or match in dataset 'names' as of its last metadata sync; "
+        "a file added to the UFS since is listed after `datacache sync names` (or the Dataset's "
+        "spec.autoSyncInterval)"]
     assert local["phase"] == "Complete" and local["cachedBytes"] == local["bytes"] == sum(
         len(v) for k, v in named_dataset.items() if k.startswith("local/"))
 
