@@ -63,6 +63,9 @@ class ManifestDiff:
     A diff made by a metadata sync keeps at most ``DIFF_LIMIT`` paths of each kind in memory; then
     ``counts`` gives the true numbers ``(added, changed, deleted)`` and ``file`` the Parquet file
     (columns ``change``, ``path``) holding every path: use :meth:`paths` to read a kind whole.
+    ``shadowed``: files of the listing left out of the new manifest because a directory has the
+    same path (see :func:`datacache.control.sync.sync_manifest`); ``shadowed_paths``: the first
+    ``DIFF_LIMIT`` of them.
     """
 
     added: list[str]
@@ -70,6 +73,8 @@ class ManifestDiff:
     deleted: list[str]
     counts: tuple[int, int, int] | None = None
     file: str | None = field(default=None, compare=False)
+    shadowed: int = 0
+    shadowed_paths: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.counts is None:

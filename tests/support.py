@@ -6,6 +6,7 @@ import json
 import os
 
 from datacache.api.loader import load_resources
+from datacache.cache.disk import DiskTier
 from datacache.control.embedded import Embedded
 
 
@@ -53,3 +54,12 @@ def du(path: str) -> int:
             except FileNotFoundError:
                 pass
     return total
+
+
+def disk_keys(path) -> set[str]:
+    """Block keys stored in the cache directory ``path`` (opened as another process would)."""
+    tier = DiskTier(str(path), 1 << 40)
+    try:
+        return set(tier.keys())
+    finally:
+        tier.close()

@@ -13,7 +13,7 @@ import pytest
 
 from datacache.api.quantity import format_bytes
 from datacache.control.supervisor import wait_until
-from support import dataset_yaml, s3_mount
+from support import dataset_yaml, disk_keys, s3_mount
 
 NAMES = ["q?mark.txt", "per%cent.txt", "hash#tag.txt", "plus+sign.txt", "a space.txt", "é-accent.txt",
          "中文/文件.txt", "-leading-dash.txt"]
@@ -158,7 +158,7 @@ def test_delete_refuses_a_mounted_dataset_unless_forced(datacache_home, tmp_path
         with open(os.path.join(mountpoint, "a.txt"), "rb") as f:
             assert f.read() == b"hello\n" * 1000
         cache_dir = datacache_home / "cache" / "default" / "mnt"
-        assert any(name.startswith("mnt/") for name in _disk_keys(cache_dir))
+        assert any(name.startswith("mnt/") for name in disk_keys(cache_dir))
         refused = dc("delete", "dataset", "mnt", home=datacache_home)
         assert refused.returncode == 1
         assert refused.stderr.decode() == (f"error: dataset default/mnt is mounted at {mountpoint}: unmount it first "
@@ -171,20 +171,10 @@ def test_delete_refuses_a_mounted_dataset_unless_forced(datacache_home, tmp_path
         assert fuse_mounts_of("default", "mnt") == []
         gone = dc("get", "dataset", "mnt", home=datacache_home)
         assert gone.returncode == 1 and "not found" in gone.stderr.decode()
-        assert not any(name.startswith("mnt/") for name in _disk_keys(cache_dir))
+        assert not any(name.startswith("mnt/") for name in disk_keys(cache_dir))
     finally:
         for path in fuse_mounts_of("default", "mnt"):
             lazy_unmount(path)
-
-
-def _disk_keys(path) -> list[str]:
-    from datacache.cache.disk import DiskTier
-
-    tier = DiskTier(str(path), 1 << 30)
-    try:
-        return list(tier.keys())
-    finally:
-        tier.close()
 
 
 def test_controller_once_auto_syncs_and_wide_columns(datacache_home, tmp_path):

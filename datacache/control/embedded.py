@@ -269,6 +269,8 @@ class Embedded:
                     syncmark.record_failure(directory, f"metadata sync failed: {err}")
                     raise
                 syncmark.clear_failure(directory)
+                if diff.shadowed:
+                    log.warning("%s", _shadowed_message(f"{namespace}/{name}", diff))
             with syncmark.manifest_write(directory):
                 extra = refreshed.take(directory)  # changes readers met first (see .refreshed)
         finally:
@@ -573,3 +575,12 @@ def describe_error(err: BaseException) -> str:
 def _same_spec(old: dict, new: dict) -> bool:
     return old.get("spec") == new.get("spec") and old["metadata"].get("labels") == new["metadata"].get("labels")
 
+
+
+def _shadowed_message(dataset: str, diff: ManifestDiff) -> str:
+    """What a sync left out because a directory has the same path, and how to reach it."""
+    n = diff.shadowed
+    shown = ", ".join(diff.shadowed_paths) + (", ..." if n > len(diff.shadowed_paths) else "")
+    files, objects, them = ("file", "object", "it") if n == 1 else ("files", "objects", "them")
+    return (f"dataset {dataset}: {n} {files} hidden by a directory of the same name (the directory wins, as in "
+            f"Mountpoint for Amazon S3): {shown}; rename the {objects} in the UFS to read {them}")

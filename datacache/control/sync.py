@@ -12,9 +12,14 @@ The namespace is never held in Python objects, whatever the number of files:
 2. The diff is a merge join of the old and the new manifest's (path, version) columns read batch
    by batch (``manifest.diff_batches``); every change goes to ``diff.parquet`` beside the manifest
    and the returned ManifestDiff keeps the counts and the first ``DIFF_LIMIT`` paths of each kind.
-3. The new manifest replaces the old one atomically (rename), once the diff is written.
+3. A file whose path is also a directory (object keys ``x`` and ``x/y``) is left out: a directory and a
+   file cannot share a name, and the directory wins, as in Mountpoint for Amazon S3 (its
+   doc/SEMANTICS.md: "Files will be shadowed by directories with the same name"). Two passes over
+   the path column find them; the file is rewritten only when there are some.
+4. The new manifest replaces the old one atomically (rename), once the diff is written.
 
-Memory: O(BATCH_ROWS + MERGE_FANIN × MERGE_ROWS) rows (more runs are merged in passes). When two mounts map files to the same dataset
+Memory: O(BATCH_ROWS + MERGE_FANIN × MERGE_ROWS) rows (more runs are merged in passes), plus the set
+of directory paths while looking for shadowed files. When two mounts map files to the same dataset
 path, the later mount's file wins.
 """
 
@@ -32,7 +37,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from datacache.entry import FileEntry
-from datacache.manifest import BATCH_ROWS, SCHEMA, ManifestDiff, aligned_batches, diff_batches, entries_table
+from datacache.manifest import (BATCH_ROWS, DIFF_LIMIT, SCHEMA, ManifestDiff, aligned_batches, diff_batches,
+                                entries_table)
 from datacache.control import syncmark
 
 __all__ = ["sync_manifest", "DIFF_FILE"]
@@ -51,7 +57,8 @@ def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: P
     """Write the manifest of ``files`` (any order) to ``manifest_path`` (Parquet, sorted by path,
     mode 0600, replaced atomically) and return the diff from the manifest stored there before (an
     empty one counts as nothing: every file is added). The full diff is written to ``diff.parquet``
-    in the same directory (``ManifestDiff.file``), replaced by the next sync.
+    in the same directory (``ManifestDiff.file``), replaced by the next sync. Files shadowed by a
+    directory of the same path are left out and counted (``ManifestDiff.shadowed``).
 
     Errors of the listing (``ResourceError`` from ``list_files``) propagate and leave the stored
     manifest as it was. Temporary files live in a 0700 directory beside the manifest.
@@ -69,12 +76,14 @@ def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: P
         else:
             _merge_runs(runs, new_path, batch_rows)
         os.chmod(new_path, 0o600)
+        shadowed, shadowed_paths = _drop_shadowed(new_path, work, batch_rows)
         with syncmark.manifest_write(directory):  # the diff is against the manifest it replaces
             old = _path_versions(manifest_path) if os.path.exists(manifest_path) else iter(())
             diff = diff_batches(old, _path_versions(new_path), out=os.path.join(work, DIFF_FILE))
             os.replace(new_path, manifest_path)
         # Written in the private work directory first: two syncs at once never share a file.
-        diff = dataclasses.replace(diff, file=os.path.join(directory, DIFF_FILE))
+        diff = dataclasses.replace(diff, file=os.path.join(directory, DIFF_FILE), shadowed=shadowed,
+                                   shadowed_paths=shadowed_paths)
         os.replace(os.path.join(work, DIFF_FILE), diff.file)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -90,6 +99,36 @@ def _read(path: str, rows: int, columns: list[str] | None = None) -> Iterator[pa
     with 16 runs open)."""
     yield from pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=rows, columns=columns,
                                                                    use_threads=False)
+
+
+def _drop_shadowed(path: str, work: str, batch_rows: int) -> tuple[int, tuple[str, ...]]:
+    """Leave out of the sorted manifest file ``path`` every file whose path is also a directory
+    (step 3 of the module's docstring). Returns ``(how many, the first DIFF_LIMIT of them)``."""
+    dirs: set[str] = set()
+    for batch in _read(path, batch_rows, ["path"]):
+        paths = batch.column(0)
+        nested = pc.filter(paths, pc.match_substring(paths, "/"))
+        for parent in pc.unique(pc.replace_substring_regex(nested, pattern="/[^/]*$", replacement="")).to_pylist():
+            while parent and parent not in dirs:  # a directory's ancestors are directories too
+                dirs.add(parent)
+                parent = parent.rpartition("/")[0]
+    if not dirs:
+        return 0, ()
+    value_set = pa.array(sorted(dirs), SCHEMA.field("path").type)
+    found: list[str] = []
+    count = 0
+    for batch in _read(path, batch_rows, ["path"]):
+        hit = pc.filter(batch.column(0), pc.is_in(batch.column(0), value_set=value_set))
+        count += len(hit)
+        found.extend(hit.to_pylist()[:DIFF_LIMIT - len(found)])
+    if count:
+        kept = os.path.join(work, "unshadowed.parquet")
+        with pq.ParquetWriter(kept, SCHEMA) as writer:
+            for batch in _read(path, batch_rows):
+                keep = pc.invert(pc.is_in(batch.column("path"), value_set=value_set))
+                writer.write_table(pa.Table.from_batches([batch]).filter(keep), row_group_size=batch_rows)
+        os.replace(kept, path)
+    return count, tuple(found)
 
 
 def _path_versions(path: str) -> Iterator[pa.RecordBatch]:

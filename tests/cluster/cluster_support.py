@@ -11,12 +11,12 @@ import urllib.request
 from datacache.api.loader import load_resource_dict
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.blocks import block_count, block_range, file_id
-from datacache.cache.disk import DiskTier
 from datacache.client import DatasetClient
 from datacache.cluster.membership import Member, Membership
 from datacache.cluster.source import connect
 from datacache.control import supervisor
 from datacache.control.embedded import Embedded
+from support import disk_keys
 
 MiB = 1 << 20
 
@@ -97,14 +97,7 @@ def worker_dirs(home, name: str) -> dict[str, str]:
 
 def stored_keys(home, name: str) -> dict[str, set[str]]:
     """Block keys on each worker's disk, read from the cache directories themselves."""
-    out = {}
-    for worker, path in worker_dirs(home, name).items():
-        tier = DiskTier(path, 1 << 40)
-        try:
-            out[worker] = set(tier.keys())
-        finally:
-            tier.close()
-    return out
+    return {worker: disk_keys(path) for worker, path in worker_dirs(home, name).items()}
 
 
 def block_bytes(manifest, block_size: int, dataset: str) -> dict[str, int]:

@@ -12,6 +12,7 @@ import re
 import threading
 
 from cluster_support import apply_cluster, block_bytes, live, open_client, stored_keys, worker_dirs, write_files
+from support import disk_keys
 from datacache.api.models import AutoscalePolicy
 from datacache.api.quantity import format_bytes
 from datacache.cache.blocks import file_id
@@ -127,7 +128,7 @@ def test_scaling_to_one_replica_keeps_every_workers_blocks(workers_home, tmp_pat
         assert set(wanted) <= set(in_process.keys())
     finally:
         in_process.close()
-    assert not set(stored_keys_in(dirs["worker-0"])) & set(wanted)  # moved, not copied twice
+    assert not disk_keys(dirs["worker-0"]) & set(wanted)  # moved, not copied twice
     client = plane.open_dataset("one")
     try:
         for rel, data in files.items():
@@ -139,14 +140,6 @@ def test_scaling_to_one_replica_keeps_every_workers_blocks(workers_home, tmp_pat
     plane.scale("one", 2)  # and back: the in-process cache becomes a worker's again
     assert sorted(live(workers_home, "one")) == ["worker-0", "worker-1"]
     assert plane.refresh_status("Dataset", "one")["cacheStates"]["cachedPercentage"] == "100.0%"
-
-
-def stored_keys_in(path: str) -> list[str]:
-    tier = DiskTier(path, 1 << 30)
-    try:
-        return list(tier.keys())
-    finally:
-        tier.close()
 
 
 def test_scaling_to_one_replica_copies_within_the_quota_and_says_what_it_left(workers_home, tmp_path):
@@ -175,7 +168,7 @@ def test_scaling_to_one_replica_copies_within_the_quota_and_says_what_it_left(wo
         kept = sum(size for key, size in wanted.items() if key in set(in_process.keys()))
     finally:
         in_process.close()
-    assert len(set(stored_keys_in(dirs["worker-0"])) & set(wanted)) == left  # what did not fit stays there
+    assert len(disk_keys(dirs["worker-0"]) & set(wanted)) == left  # what did not fit stays there
     states = plane.refresh_status("Dataset", "tight")["cacheStates"]
     assert states["cached"] == format_bytes(kept) and kept < total
     client = plane.open_dataset("tight")

@@ -13,24 +13,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from cluster_support import (apply_cluster, block_bytes, kill_worker, live, reap, stored_keys,  # noqa: E402,F401
                              wait_for, wait_restarted, worker_dirs, write_files)
-from datacache.cache.disk import DiskTier  # noqa: E402
 from datacache.control.supervisor import _start_time  # noqa: E402
 from fault_support import sha  # noqa: E402
+from support import disk_keys  # noqa: E402,F401
 
 
 def running(pid: int) -> bool:
     """True while ``pid`` runs: a killed worker stays listed until its heartbeat expires, and is a
     zombie until its supervisor reaps it."""
     return _start_time(pid) is not None
-
-
-def disk_keys(path: str) -> set[str]:
-    """Block keys stored in the cache directory ``path`` (opened as another process would)."""
-    tier = DiskTier(path, 1 << 40)
-    try:
-        return set(tier.keys())
-    finally:
-        tier.close()
 
 
 class CheckedReaders:

@@ -1,10 +1,14 @@
 """Metadata sync as a stream: external merge sort of an unsorted listing, the diff beside the
-manifest, progress, a failing listing, and real UFS listings (local walk, S3 pages on moto)."""
+manifest, progress, a failing listing, files shadowed by a directory of the same name, and real UFS
+listings (local walk, S3 pages on moto)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -65,6 +69,30 @@ def test_unsorted_listing_is_sorted_deduplicated_and_diffed(tmp_path, small_runs
     assert sorted((r["change"], r["path"]) for r in on_disk) == sorted(
         [("added", p) for p in diff.added] + [("changed", p) for p in diff.changed]
         + [("deleted", p) for p in diff.deleted])
+
+
+def test_a_file_shadowed_by_a_directory_of_the_same_name_is_left_out(tmp_path, small_runs):
+    """Object keys ``x`` and ``x/z``: a directory and a file cannot share a name, the directory
+    wins (Mountpoint for Amazon S3's rule); the hidden files are counted and named in the diff."""
+    rng = random.Random(3)
+    shadowed = ["a", "x", "x/z"]
+    visible = ["x-y", "x.txt", "x/z/w", "x/zz", "a/b", "ab", "top"] + [f"d{i % 9}/f{i}" for i in range(700)]
+    listing = [entry(p) for p in shadowed + visible]
+    rng.shuffle(listing)
+    target = str(tmp_path / "manifest.parquet")
+
+    diff = sync_manifest(iter(listing), target, batch_rows=100)
+
+    stored = Manifest.load(target)
+    assert [e.path for e in stored] == sorted(visible)
+    assert diff.counts == (len(visible), 0, 0) and diff.shadowed == 3 and diff.shadowed_paths == ("a", "x", "x/z")
+    assert stored.lookup("x") is None and stored.is_dir("x") and stored.listdir("")["x"] is None
+    assert sorted(stored.listdir("x")) == ["z", "zz"] and stored.listdir("x")["z"] is None
+    assert [e.path for e in stored.select("x")] == ["x/z/w", "x/zz"]
+    # The directory goes away: the file it hid is listed again, as an addition.
+    diff = sync_manifest(iter([entry(p) for p in shadowed + visible if not p.startswith("x/")]), target)
+    assert diff.shadowed == 1 and diff.added == ["x"] and diff.deleted == ["x/z/w", "x/zz"]
+    assert Manifest.load(target).lookup("x") == entry("x")
 
 
 def test_a_failing_listing_leaves_the_stored_manifest(tmp_path):
@@ -128,6 +156,29 @@ def test_s3_listing_is_paged_and_in_key_order(datacache_home, s3_bucket, moto_se
     e = manifest.lookup("3/k00003")
     assert (e.size, e.ufs_path) == (len("p/3/k00003"), f"{bucket}/p/3/k00003")
     assert e.version == fs.info(f"{bucket}/p/3/k00003")["ETag"]
+
+
+def test_an_s3_key_shadowed_by_a_prefix_is_reported_by_datacache_sync(datacache_home, s3_bucket, moto_server,
+                                                                     moto_secrets, caplog):
+    fs, bucket = s3_bucket
+    fs.pipe({f"{bucket}/sh/a": b"hidden", f"{bucket}/sh/a/b": b"inside", f"{bucket}/sh/c": b"plain"})
+    plane = apply_dataset(datacache_home, "shadow", [s3_mount(moto_server, bucket, prefix="sh", path="/s3")])
+    message = ("dataset default/shadow: 1 file hidden by a directory of the same name (the directory wins, as in "
+               "Mountpoint for Amazon S3): s3/a; rename the object in the UFS to read it")
+    caplog.clear()  # applying it synced once already
+    with caplog.at_level(logging.WARNING, logger="datacache"):
+        diff = plane.sync("shadow")
+    assert diff.shadowed == 1 and diff.shadowed_paths == ("s3/a",) and caplog.messages == [message]
+    proc = subprocess.run([sys.executable, "-m", "datacache", "sync", "shadow"], capture_output=True, timeout=120,
+                          env={**os.environ, "DATACACHE_HOME": str(datacache_home)})
+    assert proc.returncode == 0 and proc.stderr.decode().strip() == message, proc.stderr.decode()
+    client = plane.open_dataset("shadow")
+    try:
+        assert client.stat("s3/a") is None and client.listdir("s3") == {"a": None, "c": client.stat("s3/c")}
+        assert client.read(client.stat("s3/a/b"), 0, 100) == b"inside"
+    finally:
+        client.close()
+    assert plane.get("Dataset", "shadow").status.file_num == 2
 
 
 def test_missing_s3_prefix_is_a_clear_error(datacache_home, s3_bucket, moto_server, moto_secrets):
