@@ -576,11 +576,11 @@ def _same_spec(old: dict, new: dict) -> bool:
     return old.get("spec") == new.get("spec") and old["metadata"].get("labels") == new["metadata"].get("labels")
 
 
-
-def _shadowed_message(dataset: str, diff: ManifestDiff) -> str:
-    """What a sync left out because a directory has the same path, and how to reach it."""
+def _shadowed_message(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -> str:
+    """What a sync left out because a directory has the same path (the first ``shown_at_most``
+    paths), and how to reach it."""
     n = diff.shadowed
-    shown = ", ".join(diff.shadowed_paths) + (", ..." if n > len(diff.shadowed_paths) else "")
+    shown = ", ".join(diff.shadowed_paths[:shown_at_most]) + (", ..." if n > shown_at_most else "")
     files, objects, them = ("file", "object", "it") if n == 1 else ("files", "objects", "them")
     return (f"dataset {dataset}: {n} {files} hidden by a directory of the same name (the directory wins, as in "
             f"Mountpoint for Amazon S3): {shown}; rename the {objects} in the UFS to read {them}")
