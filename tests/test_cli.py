@@ -73,6 +73,10 @@ def test_c8_cli_missing_path_is_a_clear_error(named_dataset, datacache_home):
     proc = dc("cat", "names/s3/nope.txt", home=datacache_home)
     assert proc.returncode == 1
     assert proc.stderr.decode().strip() == "error: s3/nope.txt: no such file or directory in dataset 'names'"
+    proc = dc("cat", "names", home=datacache_home)
+    assert proc.returncode == 1
+    assert proc.stderr.decode().strip() == ("error: names: is a directory (the dataset's root): give DATASET/path "
+                                            "of a file")
     proc = dc("ls", "nosuch", home=datacache_home)
     assert proc.returncode == 1 and "dataset default/nosuch not found" in proc.stderr.decode()
     assert b"Traceback" not in proc.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import shutil
 import signal
 import sys
@@ -75,8 +76,8 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
     click.echo(f"dataload.datacache.io/{name}: {'Complete' if result.ok else 'Failed'} in {result.duration:.1f}s, "
                f"{format_bytes(result.loaded_bytes)} loaded from the UFS ({format_bytes(rate)}/s)")
     for t in result.targets:
-        click.echo(f"  {t.path}: {t.phase}: {t.files} files, {format_bytes(t.cached_bytes)} of "
-                   f"{format_bytes(t.bytes)} cached")
+        files = f"{t.files} file{'' if t.files == 1 else 's'}"
+        click.echo(f"  {t.path}: {t.phase}: {files}, {format_bytes(t.cached_bytes)} of {format_bytes(t.bytes)} cached")
         for failure in t.failures:
             click.echo(f"    failed: {failure}")
     if not result.ok:
@@ -123,7 +124,10 @@ def sync(dataset, files, report_status, namespace, home):
     plane = Embedded(home)
     diff = plane.sync(dataset, namespace, on_progress=_sync_progress(dataset))
     added, changed, deleted = diff.counts  # true counts: a huge diff keeps only its first paths in memory
-    click.echo(f"dataset.datacache.io/{dataset} synced: {added} added, {changed} changed, {deleted} deleted")
+    refreshed = len(diff.refreshed)
+    click.echo(f"dataset.datacache.io/{dataset} synced: {added} added, {changed} changed, {deleted} deleted"
+               + (f" ({refreshed} more changed file{'' if refreshed == 1 else 's'} refreshed by readers since the "
+                  "last sync)" if refreshed else ""))
     if kube is not None:
         from datacache.control.kubestatus import report
 
@@ -172,7 +176,7 @@ def _sync_progress(dataset: str, every_s: float = 2.0):
 
 @click.command(name="ls")
 @click.argument("target")
-@click.option("-l", "long", is_flag=True, help="Sizes, cached fraction and versions.")
+@click.option("-l", "long", is_flag=True, help="Sizes (bytes) and cached fractions.")
 @namespace_option
 @home_option
 def ls_(target, long, namespace, home):
@@ -200,6 +204,9 @@ def ls_(target, long, namespace, home):
 def cat(target, namespace, home):
     """Write a dataset file to standard output: DATASET/path."""
     dataset, path = split_target(target)
+    if not path.strip("/"):
+        raise IsADirectoryError(errno.EISDIR, "is a directory (the dataset's root): give DATASET/path of a file",
+                                target)
     client = Embedded(home).open_dataset(dataset, namespace)
     try:  # a closed pipe (`| head`) ends it quietly: see datacache.cli._Group
         with client.open(path) as f:

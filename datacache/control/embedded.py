@@ -13,6 +13,7 @@ which starts when the runtime is applied or the dataset opened, and stops when e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -276,7 +277,7 @@ class Embedded:
         finally:
             self.refresh_status("Dataset", name, namespace)  # Bound, or Failed saying why
         self.run_on_event(ds, diff, extra)
-        return diff
+        return dataclasses.replace(diff, refreshed=tuple(extra))
 
     def load_manifest(self, ds: Dataset) -> Manifest | None:
         path = self._manifest_path(ds)

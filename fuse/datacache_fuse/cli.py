@@ -77,8 +77,8 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
     """Mount DATASET read-only at MOUNTPOINT through FUSE.
 
     Runs in the foreground until unmounted (Ctrl-C or 'datacache unmount MOUNTPOINT'), unless
-    --background is given. A dead mount left by a killed daemon is detected and replaced. Logs go
-    to $DATACACHE_HOME/logs/.
+    --background is given. A missing MOUNTPOINT is created (mode 0700, with its parents). A dead
+    mount left by a killed daemon is detected and replaced. Logs go to $DATACACHE_HOME/logs/.
     """
     home = _home(home)
     mountpoint = mountinfo.canonical(mountpoint)
@@ -89,8 +89,11 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
             state = mountinfo.probe(mountpoint)
             if state is MountState.LIVE:
                 raise MountError(f"{mountpoint} is already mounted: run 'datacache unmount {mountpoint}' first")
-            if state is MountState.NONE and not allow_nonempty:
-                check_empty(mountpoint)  # here too: the daemon's refusal would only reach its log
+            if state is MountState.NONE:  # here too: the daemon's refusals would only reach its log
+                if os.path.lexists(mountpoint) and not os.path.isdir(mountpoint):
+                    raise MountError(f"{mountpoint} exists and is not a directory")
+                if not allow_nonempty:
+                    check_empty(mountpoint)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
                                debug=debug, restart=restart, allow_nonempty=allow_nonempty,
                                open_handles=open_handles)

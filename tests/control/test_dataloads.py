@@ -130,11 +130,12 @@ def test_on_event_fires_for_a_change_a_reader_met_before_the_sync(datacache_home
         client.close()
     diff = plane.sync("rf")
     assert (diff.added, diff.changed, diff.deleted) == ([], [], [])  # the refresh stored it already
+    assert diff.refreshed == ("t/b.bin",)  # ... and the sync says so
     status = plane.state.get("DataLoad", "on-t")["status"]
     assert status["phase"] == "Complete", status
     assert status["targets"][0]["cachedBytes"] == len(new)
     assert fraction(plane, "rf", "t/b.bin") == 1.0 and fraction(plane, "rf", "u/c.bin") == 0.0
-    plane.sync("rf")  # the record was taken: no second run
+    assert plane.sync("rf").refreshed == ()  # the record was taken: no second run
     assert plane.state.get("DataLoad", "on-t")["status"]["lastScheduleTime"] == status["lastScheduleTime"]
 
 

@@ -190,6 +190,18 @@ def test_mount_refuses_a_nonempty_directory_unless_allowed(fuse_env, mountpoint)
         assert f.read() == "keep me"  # hidden while mounted, untouched
 
 
+def test_mount_on_a_regular_file_is_refused_before_any_daemon_starts(fuse_env, tmp_path):
+    path = str(tmp_path / "a-file")
+    with open(path, "w") as f:
+        f.write("not a directory")
+    for extra in (["--background"], []):  # the CLI's check, and the daemon's own
+        r = cli("mount", fuse_env.name, path, *extra, home=fuse_env.home)
+        assert r.returncode == 1, r
+        assert r.stderr.strip() == f"error: {path} exists and is not a directory"
+    with open(path) as f:
+        assert f.read() == "not a directory"
+
+
 def test_mount_refuses_max_read(fuse_env, mountpoint):
     r = cli("mount", fuse_env.name, mountpoint, "-o", "max_read=1048576", home=fuse_env.home)
     assert r.returncode == 1 and "max_read" in r.stderr and "Traceback" not in r.stderr
