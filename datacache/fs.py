@@ -10,6 +10,7 @@ Pickles by its arguments (fsspec does this), so DataLoader worker processes open
 from __future__ import annotations
 
 import errno
+import operator
 import threading
 
 from fsspec import AbstractFileSystem
@@ -116,8 +117,10 @@ class DatacacheFileSystem(AbstractFileSystem):
         if entry is None:
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
         size = entry.size
-        start = 0 if start is None else (start if start >= 0 else max(size + start, 0))
-        end = size if end is None else (end if end >= 0 else max(size + end, 0))
+        start = 0 if start is None else operator.index(start)  # TypeError for a float, as io.FileIO
+        end = size if end is None else operator.index(end)
+        start = start if start >= 0 else max(size + start, 0)
+        end = end if end >= 0 else max(size + end, 0)
         return client.read(entry, start, max(end - start, 0))
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ block or is dropped.
 from __future__ import annotations
 
 import io
+import operator
 import threading
 from collections import deque
 from concurrent.futures import Future
@@ -70,6 +71,7 @@ class DatasetFile(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        offset = operator.index(offset)  # TypeError for a float, as io.FileIO
         if whence == io.SEEK_SET:
             pos = offset
         elif whence == io.SEEK_CUR:
@@ -131,14 +133,17 @@ class DatasetFile(io.RawIOBase):
         """True when block ``index`` is in memory (a read of it costs a slice, no I/O)."""
         if index == self._cur_index:
             return True
-        return any(i == index and f.done() and f.exception() is None for i, f in list(self._ahead))
+        return any(i == index and f.done() and f.exception() is None and f.result() is not None
+                   for i, f in list(self._ahead))
 
     def _block(self, index: int) -> bytes:
         # Read (index, bytes) once: another thread may replace the current block meanwhile.
         cur_index, cur = self._cur_index, self._cur
         if index == cur_index:
             return cur
-        block = self._take_ahead(index)
+        with self._lock:  # threads sharing one open file (pread) must not lose loads ahead
+            hit = self._take_ahead(index)
+        block = _landed(hit)
         held = block is not None  # a block loaded ahead comes held against the budget
         if not held:
             block = self._src.get(self.entry, index, pieces=True)
@@ -152,12 +157,12 @@ class DatasetFile(io.RawIOBase):
                 window = range(index + self._readahead, min(index + self._readahead + 1, self._nblocks))
             else:
                 window = range(0)
-        if self._pool is not None and self._run and index + 1 < self._nblocks:
-            try:
-                self._load_next(index, window)
-                return block
-            except RuntimeError:  # the pool was shut down (its client closed): hints only
-                pass
+            if self._pool is not None and self._run and index + 1 < self._nblocks:
+                try:
+                    self._load_next(index, window)
+                    return block
+                except RuntimeError:  # the pool was shut down (its client closed): hints only
+                    pass
         self._prefetch(window)
         return block
 
@@ -165,7 +170,7 @@ class DatasetFile(io.RawIOBase):
         """Have blocks ``index + 1 .. index + AHEAD_BLOCKS`` loading in the pool; the hints for
         the rest of ``window`` go with the first new job (or alone), never on the caller's
         thread. A block being loaded gets no hint: a remote source would fetch it twice when the
-        hint landed after the load had looked for it."""
+        hint landed after the load had looked for it. Called holding ``_lock``."""
         last = index + AHEAD_BLOCKS
         hints = range(max(window.start, last + 1), window.stop)
         first = self._ahead[-1][0] + 1 if self._ahead else index + 1  # loads ahead are consecutive
@@ -192,12 +197,11 @@ class DatasetFile(io.RawIOBase):
             self._src.budget.release(n)
             raise
 
-    def _take_ahead(self, index: int):
-        """Block ``index`` if it is loading ahead (waiting for it), still held against the budget,
-        else None. The blocks loading past it stay; any other is dropped (all of them when
-        ``index`` is not among them: the reader left the run). A load ahead that failed is None
-        too: the caller loads the block itself, so an error seen in the background (an outage
-        since over) is not replayed."""
+    def _take_ahead(self, index: int) -> Future | None:
+        """The load of block ``index`` if it is loading ahead, else None; called holding
+        ``_lock`` (:func:`_landed` waits for it outside). The blocks loading past it stay; any
+        other is dropped (all of them when ``index`` is not among them: the reader left the
+        run)."""
         if self._ahead and self._ahead[0][0] == index:  # the next block of a sequential run
             hit = self._ahead.popleft()[1]
         else:
@@ -208,12 +212,7 @@ class DatasetFile(io.RawIOBase):
                     self._ahead.append((i, f))
                 elif f is not hit:
                     self._discard(f)
-            if hit is None:
-                return None
-        try:
-            return hit.result()
-        except Exception:
-            return None
+        return hit
 
     def _discard(self, fut: Future) -> None:
         """Drop a block loaded ahead: not started yet, it never runs; else its hold is released
@@ -236,11 +235,23 @@ class DatasetFile(io.RawIOBase):
         self._cur_index, self._cur = (index, block) if self._held else (-1, b"")
 
     def close(self) -> None:
-        ahead, self._ahead = self._ahead, deque()
-        for _, fut in ahead:
-            self._discard(fut)
         with self._lock:
+            ahead, self._ahead = self._ahead, deque()
+            for _, fut in ahead:
+                self._discard(fut)
             if self._held:
                 self._src.budget.release(self._held)
             self._held, self._cur_index, self._cur = 0, -1, b""
         super().close()
+
+
+def _landed(load: Future | None):
+    """The block a load ahead brought, waiting for it; None when there was none, it failed or the
+    budget had no room: the caller then loads the block itself, so an error seen in the
+    background (an outage since over) is not replayed."""
+    if load is None:
+        return None
+    try:
+        return load.result()
+    except Exception:
+        return None

@@ -1,5 +1,6 @@
 """Reader semantics: C6 (exact tail, reads past EOF), C8 (missing paths), seek/tell/readinto,
-single-flight fills and checksum verification of stored blocks."""
+single-flight fills, checksum verification of stored blocks, and the memory budget: readers that
+wait for it never deadlock, and threads sharing one open file give back all they held."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import errno
 import hashlib
 import io
 import os
+import random
 import threading
+import time
+from concurrent import futures
 
 import fsspec
 import pytest
 
+from datacache.control import embedded
 from support import apply_dataset, s3_mount
 
 MiB = 1 << 20
@@ -83,6 +88,105 @@ def test_seek_tell_readinto_and_buffered_reads_match_the_source(big_local):
         assert f.read(MiB) == head
     with pytest.raises(ValueError):
         f.read(1)
+    client.close()
+
+
+def test_a_float_offset_is_a_type_error_as_for_a_local_file(big_local):
+    plane, *_ = big_local
+    client = plane.open_dataset("big")
+    with client.open("big.bin") as f, pytest.raises(TypeError, match="'float' object cannot be interpreted"):
+        f.seek(2.5)
+    fs = fsspec.filesystem("datacache", home=str(plane.home), skip_instance_cache=True)
+    with pytest.raises(TypeError, match="'float' object cannot be interpreted"):
+        fs.cat_file("big/big.bin", start=1.5, end=10)
+    assert client.source.ufs_bytes == 0  # refused before any read
+    fs.close()
+    client.close()
+
+
+def _cold_files(tmp_path, n: int, size: int) -> tuple[str, dict[str, str]]:
+    src = tmp_path / "src"
+    src.mkdir()
+    sums = {}
+    for i in range(n):
+        data = os.urandom(size)
+        (src / f"f{i}.bin").write_bytes(data)
+        sums[f"f{i}.bin"] = hashlib.sha256(data).hexdigest()
+    return str(src), sums
+
+
+def test_readers_waiting_for_the_memory_budget_never_deadlock(datacache_home, tmp_path, monkeypatch):
+    """More cold files read at once than the budget has blocks for: a demand read that must wait
+    for the budget waits outside the lock that finishing fills take to give theirs back (it hung
+    for good: every fill blocked on that lock, the reader on the budget)."""
+    monkeypatch.setattr(embedded, "READAHEAD_BUDGET", 6 * MiB)
+    src, sums = _cold_files(tmp_path, 6, 24 * MiB)
+    plane = apply_dataset(datacache_home, "tight", [{"name": "local", "mountPoint": src}], block_size="1Mi")
+    client = plane.open_dataset("tight")
+    got = {}
+
+    def read(name):
+        h = hashlib.sha256()
+        with client.open(name) as f:
+            while chunk := f.read(MiB):
+                h.update(chunk)
+        got[name] = h.hexdigest()
+
+    threads = [threading.Thread(target=read, args=(name,), daemon=True) for name in sums]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert got == sums, f"{len(got)} of {len(sums)} readers finished"
+    client.close()
+    assert client.source.budget.used == 0
+
+
+def test_a_load_ahead_the_budget_had_no_room_for_is_not_held(datacache_home, tmp_path, monkeypatch):
+    """FUSE serves a read of a held block on its event loop: a load ahead that gave up for lack of
+    budget must not count as held, else the loop itself would do the disk or UFS read."""
+    monkeypatch.setattr(embedded, "READAHEAD_BUDGET", MiB)  # a hold needs half the budget free: never here
+    src, _ = _cold_files(tmp_path, 1, 8 * MiB)
+    data = open(os.path.join(src, "f0.bin"), "rb").read()
+    plane = apply_dataset(datacache_home, "nohold", [{"name": "local", "mountPoint": src}], block_size="1Mi")
+    client = plane.open_dataset("nohold")
+    with client.open("f0.bin") as f:
+        assert f.read(2 * MiB) == data[:2 * MiB]  # blocks 0 and 1: a run, so blocks 2 and 3 load ahead
+        loads = [fut for _, fut in f._ahead]
+        futures.wait(loads, timeout=30)
+        assert len(loads) == 2 and all(fut.result() is None for fut in loads)
+        assert not f.holds(2) and not f.holds(3)
+        assert f.read(MiB) == data[2 * MiB:3 * MiB]
+    client.close()
+
+
+def test_threads_sharing_one_open_file_give_back_all_they_held(datacache_home, tmp_path):
+    src, _ = _cold_files(tmp_path, 1, 40 * MiB)
+    data = open(os.path.join(src, "f0.bin"), "rb").read()
+    plane = apply_dataset(datacache_home, "shared", [{"name": "local", "mountPoint": src}], block_size="1Mi")
+    client = plane.open_dataset("shared")
+    f = client.open("f0.bin")
+    errors = []
+
+    def preads(seed):
+        rng = random.Random(seed)
+        for _ in range(150):
+            off, n = rng.randrange(len(data)), rng.choice([MiB, MiB + 1, 4095])
+            if f.pread(off, n) != data[off:off + n]:
+                errors.append((off, n))
+        for off in range(0, len(data), MiB):  # a sequential run too: loads ahead in the pool
+            if f.pread(off, MiB) != data[off:off + MiB]:
+                errors.append((off, MiB))
+
+    threads = [threading.Thread(target=preads, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    f.close()
+    client._ahead_pool.shutdown(wait=True)  # loads still running land (and give back) first
+    assert errors == [] and client.source.budget.used == 0
     client.close()
 
 

@@ -97,14 +97,22 @@ class LocalBlockSource:
                        background: bool = False) -> Future:
         with self._lock:
             fut = self._inflight.get(key)
-            if fut is not None:
-                return fut
-            size = block_range(index, entry.size, self.block_size)
-            nbytes = size[1] - size[0]
-            if not self.budget.acquire(nbytes, blocking=blocking):
-                return _done(None)
-            fut = Future()
-            self._inflight[key] = fut
+        if fut is not None:
+            return fut
+        start, end = block_range(index, entry.size, self.block_size)
+        nbytes = end - start
+        # Never wait for the budget holding the lock: the fills that would release it take the
+        # lock first (a deadlock once a demand read had to wait).
+        if not self.budget.acquire(nbytes, blocking=blocking):
+            return _done(None)
+        with self._lock:
+            fut = self._inflight.get(key)
+            mine = fut is None
+            if mine:
+                fut = self._inflight[key] = Future()
+        if not mine:  # another caller started this fill meanwhile: share it
+            self.budget.release(nbytes)
+            return fut
         job = lambda: self._fill_one(key, entry, index, nbytes, fut)  # noqa: E731
         if background:
             self._pool.submit(job)
