@@ -96,7 +96,11 @@ class Embedded:
             elif res.kind == "CacheRuntime":
                 verb += supervisor.converge(self.home, res)
             elif res.kind == "DataLoad" and res.spec.policy == "Once" and verb != "unchanged":
-                self.run_dataload(res)
+                result = self.run_dataload(res)
+                if not result.ok:  # its status says Failed and why; apply says so too
+                    failures = [f for t in result.targets for f in t.failures]
+                    raise DatacacheError(f"its run failed: {'; '.join(failures[:3])}" if failures else
+                                         f"its run failed: see 'datacache describe dataload {res.metadata.name}'")
             elif res.kind == "DataLoad" and verb == "created":  # Cron / OnEvent: the controller runs it
                 self.state.set_status("DataLoad", res.metadata.name, res.metadata.namespace, {"phase": "Pending"})
             elif (res.kind == "ThinRuntime" and verb != "unchanged"

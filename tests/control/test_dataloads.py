@@ -9,6 +9,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from datacache.api.loader import load_resource_dict
 from datacache.control import dataloads
 from datacache.control.controller import Controller
@@ -111,8 +113,6 @@ def test_on_event_dataload_fires_when_sync_sees_a_changed_object(datacache_home,
 def test_on_event_fires_for_a_change_a_reader_met_before_the_sync(datacache_home, tmp_path):
     """A reader that meets a changed file refreshes its entry (ESTALE, case C5) and stores the
     manifest: the next sync diffs nothing, yet the OnEvent DataLoad on that file must run."""
-    import pytest
-
     from datacache.errors import StaleFileError
 
     root, data = local_source(tmp_path, {"t/b.bin": 200 * KiB, "u/c.bin": 50 * KiB})
@@ -137,6 +137,23 @@ def test_on_event_fires_for_a_change_a_reader_met_before_the_sync(datacache_home
     assert fraction(plane, "rf", "t/b.bin") == 1.0 and fraction(plane, "rf", "u/c.bin") == 0.0
     assert plane.sync("rf").refreshed == ()  # the record was taken: no second run
     assert plane.state.get("DataLoad", "on-t")["status"]["lastScheduleTime"] == status["lastScheduleTime"]
+
+
+def test_a_once_dataload_whose_run_fails_is_stored_and_apply_says_why(datacache_home, tmp_path):
+    from datacache.control.embedded import ApplyError
+
+    root, _ = local_source(tmp_path, {"t/a.bin": 10 * KiB})
+    plane = apply_dataset(datacache_home, "once", [{"name": "local", "mountPoint": root}])
+    with pytest.raises(ApplyError) as info:
+        plane.apply([dataload("load-nope", "once", target=[{"path": "/nope"}, {"path": "/t"}])])
+    assert info.value.lines == ["dataload.datacache.io/load-nope created"]
+    assert info.value.failures == [
+        "dataload.datacache.io/load-nope: stored, but failed: its run failed: /nope: no such file, directory or "
+        "match in dataset 'once' as of its last metadata sync; a file added to the UFS since is listed after "
+        "`datacache sync once` (or the Dataset's spec.autoSyncInterval)"]
+    status = plane.state.get("DataLoad", "load-nope")["status"]
+    assert status["phase"] == "Failed" and [t["phase"] for t in status["targets"]] == ["Failed", "Complete"]
+    assert fraction(plane, "once", "t/a.bin") == 1.0  # the target that exists was loaded
 
 
 def test_cancelled_warmup_is_failed_and_resumes(datacache_home, tmp_path):
