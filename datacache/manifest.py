@@ -65,7 +65,9 @@ class ManifestDiff:
     (columns ``change``, ``path``) holding every path: use :meth:`paths` to read a kind whole.
     ``shadowed``: files of the listing left out of the new manifest because a directory has the
     same path (see :func:`datacache.control.sync.sync_manifest`); ``shadowed_paths``: the first
-    ``DIFF_LIMIT`` of them. ``refreshed``: paths readers found changed and refreshed since the last
+    ``DIFF_LIMIT`` of them. ``duplicates``: files of the listing dropped because a later one has the
+    same dataset path (two mounts, or keys that normalise alike: ``a//b`` and ``a/b``);
+    ``duplicate_paths``: those paths (the first ``DIFF_LIMIT`` dropped). ``refreshed``: paths readers found changed and refreshed since the last
     sync (:mod:`datacache.control.refreshed`), so this diff no longer counts them as changed.
     """
 
@@ -76,6 +78,8 @@ class ManifestDiff:
     file: str | None = field(default=None, compare=False)
     shadowed: int = 0
     shadowed_paths: tuple[str, ...] = ()
+    duplicates: int = 0
+    duplicate_paths: tuple[str, ...] = ()
     refreshed: tuple[str, ...] = ()
 
     def __post_init__(self):

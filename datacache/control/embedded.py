@@ -274,8 +274,8 @@ class Embedded:
                     syncmark.record_failure(directory, f"metadata sync failed: {err}")
                     raise
                 syncmark.clear_failure(directory)
-                if diff.shadowed:
-                    log.warning("%s", _shadowed_message(f"{namespace}/{name}", diff))
+                for message in _hidden_messages(f"{namespace}/{name}", diff):
+                    log.warning("%s", message)
             with syncmark.manifest_write(directory):
                 extra = refreshed.take(directory)  # changes readers met first (see .refreshed)
         finally:
@@ -581,11 +581,22 @@ def _same_spec(old: dict, new: dict) -> bool:
     return old.get("spec") == new.get("spec") and old["metadata"].get("labels") == new["metadata"].get("labels")
 
 
-def _shadowed_message(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -> str:
-    """What a sync left out because a directory has the same path (the first ``shown_at_most``
-    paths), and how to reach it."""
-    n = diff.shadowed
-    shown = ", ".join(diff.shadowed_paths[:shown_at_most]) + (", ..." if n > shown_at_most else "")
-    files, objects, them = ("file", "object", "it") if n == 1 else ("files", "objects", "them")
-    return (f"dataset {dataset}: {n} {files} hidden by a directory of the same name (the directory wins, as in "
-            f"Mountpoint for Amazon S3): {shown}; rename the {objects} in the UFS to read {them}")
+def _hidden_messages(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -> list[str]:
+    """What a sync left out of the listing (naming the first ``shown_at_most`` dataset paths), and
+    how to reach it: files shadowed by a directory of the same path, files dropped for a later
+    one with the same path."""
+    def shown(paths: tuple[str, ...], n: int) -> str:
+        return ", ".join(paths[:shown_at_most]) + (", ..." if n > shown_at_most else "")
+
+    messages = []
+    if n := diff.shadowed:
+        files, objects, them = ("file", "object", "it") if n == 1 else ("files", "objects", "them")
+        messages.append(f"dataset {dataset}: {n} {files} hidden by a directory of the same name (the directory "
+                        f"wins, as in Mountpoint for Amazon S3): {shown(diff.shadowed_paths, n)}; rename the "
+                        f"{objects} in the UFS to read {them}")
+    if n := diff.duplicates:
+        files = "file" if n == 1 else "files"
+        messages.append(f"dataset {dataset}: {n} {files} hidden by another with the same dataset path (two mounts "
+                        f"mapping there, or object keys that normalise to one path, like a//b and a/b; the one "
+                        f"listed last is kept): {shown(diff.duplicate_paths, len(diff.duplicate_paths))}")
+    return messages

@@ -58,7 +58,8 @@ def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: P
     mode 0600, replaced atomically) and return the diff from the manifest stored there before (an
     empty one counts as nothing: every file is added). The full diff is written to ``diff.parquet``
     in the same directory (``ManifestDiff.file``), replaced by the next sync. Files shadowed by a
-    directory of the same path are left out and counted (``ManifestDiff.shadowed``).
+    directory of the same path are left out and counted (``ManifestDiff.shadowed``), and so are
+    files dropped for a later one with the same dataset path (``ManifestDiff.duplicates``).
 
     Errors of the listing (``ResourceError`` from ``list_files``) propagate and leave the stored
     manifest as it was. Temporary files live in a 0700 directory beside the manifest.
@@ -67,14 +68,15 @@ def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: P
     work = tempfile.mkdtemp(prefix=".sync-", dir=directory)
     try:
         new_path = os.path.join(work, "manifest.parquet")
-        runs = _write_runs(files, work, on_progress, batch_rows)
+        dropped = _Dropped()
+        runs = _write_runs(files, work, on_progress, batch_rows, dropped)
         while len(runs) > MERGE_FANIN:  # merge in passes, so memory stays one row group per open run
             runs = [_merge_runs(runs[i:i + MERGE_FANIN], os.path.join(work, f"merged-{len(runs)}-{i}.parquet"),
-                                MERGE_ROWS) for i in range(0, len(runs), MERGE_FANIN)]
+                                MERGE_ROWS, dropped) for i in range(0, len(runs), MERGE_FANIN)]
         if len(runs) == 1:
             os.replace(runs[0], new_path)
         else:
-            _merge_runs(runs, new_path, batch_rows)
+            _merge_runs(runs, new_path, batch_rows, dropped)
         os.chmod(new_path, 0o600)
         shadowed, shadowed_paths = _drop_shadowed(new_path, work, batch_rows)
         with syncmark.manifest_write(directory):  # the diff is against the manifest it replaces
@@ -83,7 +85,8 @@ def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: P
             os.replace(new_path, manifest_path)
         # Written in the private work directory first: two syncs at once never share a file.
         diff = dataclasses.replace(diff, file=os.path.join(directory, DIFF_FILE), shadowed=shadowed,
-                                   shadowed_paths=shadowed_paths)
+                                   shadowed_paths=shadowed_paths, duplicates=dropped.count,
+                                   duplicate_paths=tuple(sorted(set(dropped.paths))))
         os.replace(os.path.join(work, DIFF_FILE), diff.file)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -135,13 +138,27 @@ def _path_versions(path: str) -> Iterator[pa.RecordBatch]:
     return _read(path, BATCH_ROWS, ["path", "version"])
 
 
-def _sorted_unique(table: pa.Table) -> pa.Table:
-    """``table`` sorted by path; of equal paths the last one is kept (sort_by is stable)."""
+class _Dropped:
+    """Files of the listing dropped because a later one has the same dataset path (two mounts, or
+    object keys that normalise alike: ``a//b`` and ``a/b``): how many, and the first DIFF_LIMIT."""
+
+    def __init__(self):
+        self.count, self.paths = 0, []
+
+    def note(self, paths: pa.Array) -> None:
+        self.count += len(paths)
+        self.paths.extend(paths[:max(DIFF_LIMIT - len(self.paths), 0)].to_pylist())
+
+
+def _sorted_unique(table: pa.Table, dropped: _Dropped) -> pa.Table:
+    """``table`` sorted by path; of equal paths the last one is kept (sort_by is stable), the
+    others noted in ``dropped``."""
     table = table.sort_by("path")
     paths = table.column("path")
     if len(paths) > 1:
         keep = pc.not_equal(paths[:-1], paths[1:])
         if not pc.all(keep).as_py():
+            dropped.note(pc.filter(paths[:-1], pc.invert(keep)).combine_chunks())
             table = table.filter(pa.concat_arrays([keep.combine_chunks(), pa.array([True])]))
     return table
 
@@ -170,7 +187,7 @@ class _Runs:
 
 
 def _write_runs(files: Iterable[FileEntry], work: str, on_progress: Progress | None,
-                batch_rows: int) -> list[str]:
+                batch_rows: int, dropped: _Dropped) -> list[str]:
     """Sorted runs of ``files`` as Parquet files in ``work``; at least one (maybe empty). Python
     objects exist for LIST_CHUNK files at a time; batches wait in Arrow until ``batch_rows``."""
     runs = _Runs(work)
@@ -184,15 +201,15 @@ def _write_runs(files: Iterable[FileEntry], work: str, on_progress: Progress | N
         if on_progress is not None:
             on_progress(listed)
         if rows >= batch_rows:
-            runs.add(_sorted_unique(pa.concat_tables(pending)))
+            runs.add(_sorted_unique(pa.concat_tables(pending), dropped))
             pending, rows = [], 0
     if pending or not runs.paths:
-        runs.add(_sorted_unique(pa.concat_tables(pending) if pending else entries_table([])))
+        runs.add(_sorted_unique(pa.concat_tables(pending) if pending else entries_table([]), dropped))
     runs.close()
     return runs.paths
 
 
-def _merge_runs(runs: list[str], out: str, batch_rows: int) -> str:
+def _merge_runs(runs: list[str], out: str, batch_rows: int, dropped: _Dropped) -> str:
     """K-way merge of sorted runs into one sorted Parquet file ``out`` (row groups of
     ``batch_rows``), unique paths; returns ``out``. Each step of
     ``aligned_batches`` is a slice of every run below a common frontier, so concatenating the slices
@@ -202,7 +219,7 @@ def _merge_runs(runs: list[str], out: str, batch_rows: int) -> str:
         pending: list[pa.Table] = []
         rows = 0
         for step in aligned_batches(streams):
-            merged = _sorted_unique(pa.concat_tables([t for t in step if t is not None and t.num_rows]))
+            merged = _sorted_unique(pa.concat_tables([t for t in step if t is not None and t.num_rows]), dropped)
             pending.append(merged)
             rows += merged.num_rows
             if rows >= batch_rows:

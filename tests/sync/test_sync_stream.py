@@ -51,6 +51,7 @@ def test_unsorted_listing_is_sorted_deduplicated_and_diffed(tmp_path, small_runs
     stored = Manifest.load(target)
     assert [e.path for e in stored] == sorted(paths)
     assert stored.lookup(paths[10]) == entry(paths[10], "later", mount="second")
+    assert diff.duplicates == 1 and diff.duplicate_paths == (paths[10],)
     assert diff.counts == (5000, 0, 0) and diff.added == sorted(paths)
     assert progress == sorted(progress) and progress[-1] == 5001 and len(progress) == -(-5001 // 64)
     assert os.stat(target).st_mode & 0o777 == 0o600
@@ -179,6 +180,28 @@ def test_an_s3_key_shadowed_by_a_prefix_is_reported_by_datacache_sync(datacache_
     finally:
         client.close()
     assert plane.get("Dataset", "shadow").status.file_num == 2
+
+
+def test_s3_keys_that_normalise_to_one_path_keep_the_last_and_are_reported(datacache_home, s3_bucket, moto_server,
+                                                                           moto_secrets, caplog):
+    fs, bucket = s3_bucket
+    for key, body in (("nm/e//f", b"double slash"), ("nm/e/f", b"single slash"), ("nm/g", b"plain")):
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body)
+    plane = apply_dataset(datacache_home, "norm", [s3_mount(moto_server, bucket, prefix="nm", path="/s3")])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="datacache"):
+        diff = plane.sync("norm")
+    assert diff.duplicates == 1 and diff.duplicate_paths == ("s3/e/f",)
+    assert caplog.messages == [
+        "dataset default/norm: 1 file hidden by another with the same dataset path (two mounts mapping there, or "
+        "object keys that normalise to one path, like a//b and a/b; the one listed last is kept): s3/e/f"]
+    client = plane.open_dataset("norm")
+    try:
+        entry = client.stat("s3/e/f")
+        assert client.read(entry, 0, 100) == b"single slash"  # S3 lists keys in order: nm/e/f comes last
+    finally:
+        client.close()
+    assert plane.get("Dataset", "norm").status.file_num == 2
 
 
 def test_missing_s3_prefix_is_a_clear_error(datacache_home, s3_bucket, moto_server, moto_secrets):
