@@ -66,7 +66,7 @@ class ManifestDiff:
     ``shadowed``: files of the listing left out of the new manifest because a directory has the
     same path (see :func:`datacache.control.sync.sync_manifest`); ``shadowed_paths``: the first
     ``DIFF_LIMIT`` of them. ``duplicates``: files of the listing dropped because a later one has the
-    same dataset path (two mounts, or keys that normalise alike: ``a//b`` and ``a/b``);
+    same dataset path (object keys that normalise alike: ``a//b`` and ``a/b``);
     ``duplicate_paths``: those paths (the first ``DIFF_LIMIT`` dropped). ``refreshed``: paths readers found changed and refreshed since the last
     sync (:mod:`datacache.control.refreshed`), so this diff no longer counts them as changed.
     """

@@ -596,7 +596,7 @@ def _hidden_messages(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -
                         f"{objects} in the UFS to read {them}")
     if n := diff.duplicates:
         files = "file" if n == 1 else "files"
-        messages.append(f"dataset {dataset}: {n} {files} hidden by another with the same dataset path (two mounts "
-                        f"mapping there, or object keys that normalise to one path, like a//b and a/b; the one "
-                        f"listed last is kept): {shown(diff.duplicate_paths, len(diff.duplicate_paths))}")
+        messages.append(f"dataset {dataset}: {n} {files} hidden by another whose name normalises to the same "
+                        f"dataset path (object keys like a//b and a/b; the one listed last is kept): "
+                        f"{shown(diff.duplicate_paths, len(diff.duplicate_paths))}")
     return messages

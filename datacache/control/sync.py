@@ -139,8 +139,8 @@ def _path_versions(path: str) -> Iterator[pa.RecordBatch]:
 
 
 class _Dropped:
-    """Files of the listing dropped because a later one has the same dataset path (two mounts, or
-    object keys that normalise alike: ``a//b`` and ``a/b``): how many, and the first DIFF_LIMIT."""
+    """Files of the listing dropped because a later one has the same dataset path (object keys
+    that normalise alike: ``a//b`` and ``a/b``): how many, and the first DIFF_LIMIT."""
 
     def __init__(self):
         self.count, self.paths = 0, []

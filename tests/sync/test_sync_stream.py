@@ -193,8 +193,8 @@ def test_s3_keys_that_normalise_to_one_path_keep_the_last_and_are_reported(datac
         diff = plane.sync("norm")
     assert diff.duplicates == 1 and diff.duplicate_paths == ("s3/e/f",)
     assert caplog.messages == [
-        "dataset default/norm: 1 file hidden by another with the same dataset path (two mounts mapping there, or "
-        "object keys that normalise to one path, like a//b and a/b; the one listed last is kept): s3/e/f"]
+        "dataset default/norm: 1 file hidden by another whose name normalises to the same dataset path (object "
+        "keys like a//b and a/b; the one listed last is kept): s3/e/f"]
     client = plane.open_dataset("norm")
     try:
         entry = client.stat("s3/e/f")
