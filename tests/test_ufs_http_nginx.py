@@ -125,6 +125,32 @@ def test_http_server_without_etag_versions_by_size_and_last_modified(tmp_path):
             ns.read("web", a.ufs_path, a.version, 0, 10)
 
 
+def test_http_without_etag_file_rewritten_while_sent_is_stale(tmp_path, monkeypatch):
+    """Issue 18: size and Last-Modified are checked again after the body (a HEAD), so a file
+    rewritten in place while its bytes were on their way is never returned (or cached) whole."""
+    from datacache.ufs import versions
+
+    src = tmp_path / "src"
+    files = _tree(src)
+    with NginxServer(str(src), etag=False) as web:
+        ns = _namespace(tmp_path, web.url)
+        a = next(e for e in ns.list_files() if e.path == "web/a.bin")
+        assert ns.read("web", a.ufs_path, a.version, 0, 300_000) == files["a.bin"]
+        real_info = versions._http_info
+
+        def rewrite_after_the_get_headers(headers, size=None):
+            info = real_info(headers, size)
+            if size is not None:  # the GET's headers are checked: now the file changes in place
+                with open(src / "a.bin", "r+b") as f:
+                    f.write(os.urandom(300_000))
+                os.utime(src / "a.bin", (MTIME + 60, MTIME + 60))
+            return info
+
+        monkeypatch.setattr(versions, "_http_info", rewrite_after_the_get_headers)
+        with pytest.raises(StaleFileError, match="changed in the UFS while it was read"):
+            ns.read("web", a.ufs_path, a.version, 0, 300_000)
+
+
 def test_http_dataset_warmup_then_datacache_fsspec_reads_every_byte(tmp_path, datacache_home):
     import fsspec
 

@@ -7,9 +7,16 @@ A version string identifies one content of one UFS file:
 | S3 (s3fs), OSS, MinIO    | ETag                                     | ranged GET with ``If-Match``     |
 | GCS (gcsfs)              | generation                               | read, then re-check generation   |
 | Azure (adlfs)            | ETag                                     | read, then re-check version      |
-| HTTP(S) (fsspec's http)  | ETag, else ``size:Last-Modified``        | ranged GET, its headers checked  |
-| local / NFS (``file``)   | ``mtime:size:inode:ctime``               | ``fstat`` of the open file, pread|
+| HTTP(S) (fsspec's http)  | ETag, else ``size:Last-Modified``        | ranged GET, its headers checked; |
+|                          |                                          | no ETag: a HEAD after it as well |
+| local / NFS (``file``)   | ``mtime:size:inode:ctime``               | ``fstat`` before and after pread |
 | anything else            | ``size:mtime``                           | read, then re-check version      |
+
+Where the UFS cannot serve one version by its id (every row but S3 and HTTP with an ETag), the
+version is checked again after the read: a file rewritten in place while it is read would give a
+block mixing two versions (torn), checksummed and cached under the old version's key. A version
+that changed while it was read is stale, never stored (as rclone's local backend refuses a source
+"being updated" when its size or modification time changed during the copy).
 
 A mismatch raises :class:`~datacache.errors.StaleFileError`; a vanished file raises
 ``FileNotFoundError`` (ENOENT, never EIO, case C4); a failing UFS raises
@@ -87,6 +94,7 @@ def _read_once(fs, ufs_path: str, version: str, start: int, end: int) -> bytes:
         if _is_http(fs):
             return sync(fs.loop, _read_http, fs, ufs_path, version, start, end)
         data = fs.cat_file(ufs_path, start=start, end=end)
+        fs.invalidate_cache(ufs_path)  # a listing's cached info would hide a change
         if version_of(fs, fs.info(ufs_path)) != version:
             raise StaleFileError(ufs_path, "the file changed in the UFS while it was read")
         return data
@@ -118,13 +126,23 @@ def _protocols(fs) -> tuple:
     return (proto,) if isinstance(proto, str) else tuple(proto)
 
 
+def _local_version(st: os.stat_result) -> str:
+    """:func:`version_of` for a local file, from its ``stat``."""
+    return f"{st.st_mtime!r}:{st.st_size}:{st.st_ino}:{st.st_ctime!r}"
+
+
 def _read_local(path: str, version: str, start: int, end: int) -> bytes:
+    """``fstat``, ``pread``, ``fstat``: a write that lands during the read changes ctime (the
+    kernel stamps it when a write starts; since Linux 6.13 with a fine-grained time once the old
+    one was looked at, so two writes a moment apart are told apart), and the bytes are refused."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        st = os.fstat(fd)
-        if f"{st.st_mtime!r}:{st.st_size}:{st.st_ino}:{st.st_ctime!r}" != version:
+        if _local_version(os.fstat(fd)) != version:
             raise StaleFileError(path, "the file changed on disk since the manifest was taken")
-        return os.pread(fd, end - start, start)
+        data = os.pread(fd, end - start, start)
+        if _local_version(os.fstat(fd)) != version:
+            raise StaleFileError(path, "the file changed on disk while it was read")
+        return data
     finally:
         os.close(fd)
 
@@ -146,12 +164,29 @@ async def _read_http(fs, url: str, version: str, start: int, end: int) -> bytes:
             raise StaleFileError(url, "the file changed in the UFS (it is shorter now)")
         r.raise_for_status()
         total = r.headers.get("Content-Range", "").rpartition("/")[2]
-        info = {"size": int(total) if total.isdigit() else int(r.headers.get("Content-Length", -1)),
-                "ETag": r.headers.get("ETag"), "Last-Modified": r.headers.get("Last-Modified")}
+        info = _http_info(r.headers, int(total) if total.isdigit() else None)
         if version_of(fs, info) != version:
             raise StaleFileError(url, "the file changed in the UFS since the manifest was taken")
         data = await r.read()
+    if not info["ETag"]:
+        # size and Last-Modified (one-second steps) are no version id: a HEAD after the body
+        # tells whether the file changed while it was sent
+        kw = dict(fs.kwargs)
+        async with session.head(fs.encode_url(url), headers=kw.pop("headers", {}), allow_redirects=True,
+                                **kw) as h:
+            if h.status == 404:
+                raise FileNotFoundError(errno.ENOENT, "no such file in the UFS", url)
+            h.raise_for_status()
+            if version_of(fs, _http_info(h.headers)) != version:
+                raise StaleFileError(url, "the file changed in the UFS while it was read")
     return data if r.status == 206 else data[start:end]
+
+
+def _http_info(headers, size: int | None = None) -> dict:
+    """The fields of an HTTP response's ``headers`` that :func:`version_of` reads; ``size``: the
+    file's total size when the response is partial (else Content-Length)."""
+    return {"size": size if size is not None else int(headers.get("Content-Length", -1)),
+            "ETag": headers.get("ETag"), "Last-Modified": headers.get("Last-Modified")}
 
 
 def _read_s3(fs, path: str, etag: str, start: int, end: int) -> bytes:
