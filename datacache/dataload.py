@@ -6,7 +6,8 @@ so one large object is still read by parallel GETs); a segment is one UFS read t
 blocks, so a large object costs a few large GETs and a small file one. Segments run ``parallel``
 at a time (the UFS sees that many concurrent reads) and hold their bytes against the source's
 memory budget.
-Already-cached blocks are skipped, so a warmup is resumable. At the end every target is checked
+Already-cached blocks are skipped (a block file gone or short is not cached: it is loaded again),
+so a warmup is resumable. At the end every target is checked
 against what the cache actually holds (case C13): Complete means 100 % of its current-version
 bytes are cached; anything else is Failed with what is missing and why (cases C1, C9).
 """
@@ -77,8 +78,12 @@ class Progress:
 
 def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segment_bytes: int = 32 << 20,
            on_progress: Callable[[Progress], None] | None = None,
-           cancel: threading.Event | None = None) -> WarmupResult:
+           cancel: threading.Event | None = None, check: bool = False) -> WarmupResult:
     """Load ``targets`` (default: the whole dataset) of ``client`` (a DatasetClient) into its cache.
+
+    Blocks already held are skipped when their files are there at their size; with ``check``
+    only when their bytes also pass their checksum (every cached block is read, as ``juicefs
+    warmup --check``). Missing or damaged blocks are loaded again.
 
     Never raises for a bad target or a failed file: they are reported in the result. ``cancel``
     (set from another thread or a signal handler) stops scheduling new segments; segments in
@@ -117,7 +122,7 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
             owners.setdefault(e.path, []).append(counters)
     ufs_before = client.source.ufs_bytes
     file_errors = _load(client, list(selected.values()), owners, parallel, segment_bytes, progress, on_progress,
-                        cancel)
+                        cancel, check)
     loaded = client.source.ufs_bytes - ufs_before
 
     for res, mine in zip(results, per_target):
@@ -143,7 +148,8 @@ def _segments(entry: FileEntry, block_size: int, segment_bytes: int):
         yield first, min(first + per, n) - 1
 
 
-def _load(client, entries, owners, parallel, segment_bytes, progress, on_progress, cancel) -> dict[str, str]:
+def _load(client, entries, owners, parallel, segment_bytes, progress, on_progress, cancel,
+          check: bool) -> dict[str, str]:
     """Run all segments, counting each into ``progress`` and the TargetProgress of each target in
     ``owners[path]``; returns {dataset path: error message} for files that failed."""
     source, bs = client.source, client.block_size
@@ -158,7 +164,7 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
     def job(entry: FileEntry, first: int, last: int) -> None:
         try:
             if entry.path not in errors:
-                source.fill(entry, first, last)
+                source.fill(entry, first, last, check)
         except OSError as err:
             # ENOSPC says why the cache did not keep it (quota, full device, unhealthy tier).
             reason = err.strerror if err.errno == errno.ENOSPC and err.strerror else f"{type(err).__name__}: {err.strerror or err}"

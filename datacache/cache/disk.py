@@ -20,6 +20,11 @@ Layout and safety:
   directory per ``ORPHAN_GRACE_S``, whichever process opens it first). An index with no rows
   (new, or emptied under us) names no file: every block file then found is deleted at open, whatever
   its age, so the quota counts all that is there.
+- An index row whose block file is gone or shorter than indexed (deleted or truncated behind the
+  cache's back) is dropped when found: by a read, by a presence check (``in``: one ``stat``,
+  what warmup skips by) and by :meth:`DiskTier.present_keys` (what status counts); so status and
+  warmup follow what is on disk, not the index (issue 18, as JuiceFS #6513 and Fluid #633).
+  :meth:`DiskTier.verify` also reads the block and checks its checksum (``warmup --check``).
 - A damaged index (SQLite "file is not a database", "database disk image is malformed"), found at
   open or by a later read or write, is deleted with a warning naming the directory, with the block
   files it indexed (unverifiable without their checksums); the tier starts again empty.
@@ -210,7 +215,8 @@ class DiskTier:
     ``medium`` is "SSD" or "HDD" (only reported). Never raises for an unusable directory: the
     tier then starts unhealthy (see :meth:`_open`). Counters (this process only): ``evictions``, ``corrupt`` (blocks dropped for a bad
     checksum), ``full_bypasses`` (writes that met a full device), ``write_errors``; ``healthy``
-    is False after a device error (see the module docstring).
+    is False after a device error (see the module docstring); ``lost``: index rows dropped because their
+    block file was gone or short.
     """
 
     def __init__(self, path: str, quota: int, high: float = 0.95, low: float = 0.7, medium: str = "SSD"):
@@ -224,6 +230,7 @@ class DiskTier:
         self._rows: dict[str, tuple[str, str, int]] = {}  # key -> :meth:`_row` of a recent hit
         self.evictions = 0
         self.corrupt = 0
+        self.lost = 0  # index rows dropped because their block file was gone or short
         self.orphans_removed = 0
         self.full_bypasses = 0
         self.write_errors = 0
@@ -347,7 +354,67 @@ class DiskTier:
         return self._cache.volume() + wal_size
 
     def __contains__(self, key: str) -> bool:
-        return self._cache is not None and key in self._cache
+        """Whether the block is stored: its index row names a file of the row's size (one
+        ``stat``; the checksum is not read, see :meth:`verify`). A row whose file is gone or
+        short (deleted or truncated behind the cache's back) is dropped."""
+        if self._peek is None:
+            return False
+        try:
+            row = self._row(key)
+        except sqlite3.Error as err:
+            self._mark_unhealthy(err)
+            return False
+        return row is not None and self._file_whole(key, row)
+
+    def verify(self, key: str) -> bool:
+        """Whether the block is stored and its bytes pass their checksum (the whole file is read;
+        ``datacache warmup --check``); a block that fails is dropped (see :meth:`get`)."""
+        return self.get(key) is not None
+
+    def present_keys(self) -> list[str]:
+        """Keys of the blocks whose files are there at their indexed size: one ``stat`` per block
+        (what status counts, cases C13/C14). Rows whose file is gone or short are dropped."""
+        if self._peek is None:
+            return []
+        rows = self._peek._con.execute(
+            "SELECT key, filename, tag, size FROM Cache WHERE raw = 1 AND filename IS NOT NULL").fetchall()
+        lost_before = self.lost
+        present = [key for key, name, tag, size in rows
+                   if isinstance(key, str) and self._file_whole(key, (os.path.join(self.path, name), tag, size))]
+        if self.lost > lost_before:
+            log.warning("cache tier %s: %d block files were missing or short on disk (deleted or truncated "
+                        "outside datacache): dropped from the index", self.path, self.lost - lost_before)
+        return present
+
+    def _file_whole(self, key: str, row: tuple[str, str, int]) -> bool:
+        """Whether the block file of ``row`` (a :meth:`_row`) has its indexed size; if not, the
+        row is dropped (only that row: a new copy stored meanwhile under ``key`` stays)."""
+        try:
+            if os.stat(row[0]).st_size == row[2]:
+                return True
+        except FileNotFoundError:
+            pass
+        except OSError as err:  # a failing device: a miss, the UFS serves the block
+            self._mark_unhealthy(err)
+            return False
+        self._drop_row(key, row[0])
+        return False
+
+    def _drop_row(self, key: str, path: str) -> None:
+        """Delete the index row of ``key`` if it still names the file ``path``, then the file."""
+        self._rows.pop(key, None)
+        if not self._usable():
+            return
+        with self._exclusive():
+            try:
+                self._cache._con.execute("DELETE FROM Cache WHERE key = ? AND raw = 1 AND filename = ?",
+                                         (key, os.path.relpath(path, self.path)))
+            except sqlite3.Error as err:
+                self._mark_unhealthy(err)
+                return
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        self.lost += 1
 
     def get(self, key: str) -> bytes | None:
         """The block's bytes, or None when absent or corrupt (a corrupt or truncated block is

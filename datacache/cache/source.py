@@ -70,11 +70,14 @@ class LocalBlockSource:
         if not self.store.advise(key):  # cached blocks are only read ahead by the kernel
             self._single_flight(key, entry, index, blocking=False, background=True)
 
-    def fill(self, entry: FileEntry, first: int, last: int) -> int:
+    def fill(self, entry: FileEntry, first: int, last: int, check: bool = False) -> int:
         """Warmup: make blocks ``first..last`` (inclusive) cached with one UFS read of the missing
-        span. Returns the bytes newly stored; raises the UFS's error, or ``OSError(ENOSPC)`` when
-        the store cannot keep a block."""
-        missing = [i for i in range(first, last + 1) if not self.is_cached(entry, i)]
+        span. A block counts as cached when its file is there at its size, or with ``check`` when
+        its bytes pass their checksum (each is read; ``juicefs warmup --check``); a missing or
+        damaged one is loaded again. Returns the bytes newly stored; raises the UFS's error, or
+        ``OSError(ENOSPC)`` when the store cannot keep a block."""
+        held = self.store.verify if check else self.store.__contains__
+        missing = [i for i in range(first, last + 1) if not held(str(self.key(entry, i)))]
         if not missing:
             return 0
         start = block_range(missing[0], entry.size, self.block_size)[0]

@@ -77,7 +77,16 @@ class TieredStore:
             return False
 
     def __contains__(self, key: str) -> bool:
+        """Whether a level holds the block (on disk: its file is there at its size, see
+        :meth:`DiskTier.__contains__`)."""
         return any(key in lv for lv in self.levels)
+
+    def verify(self, key: str) -> bool:
+        """Whether the block is held with bytes that pass their checksum (a disk block is read
+        whole, and dropped if it fails); not a use of the block (no promotion to MEM)."""
+        if self._disk is not None:
+            return self._disk.verify(key)
+        return key in self._mem
 
     def put(self, key: str, data: bytes) -> bool:
         """Store a block; False when no level could keep it (larger than every level's quota)."""

@@ -56,7 +56,7 @@ class LoadRateColumn(ProgressColumn):
 
 
 def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str = "default",
-               quiet: bool = False) -> bool:
+               quiet: bool = False, check: bool = False) -> bool:
     """Warm up with a live progress bar (files, bytes, rate, ETA) on stderr and a summary on
     stdout; returns True when every target is Complete. Ctrl-C / SIGTERM cancel it: the
     DataLoad's status says Failed (Cancelled) and a new warmup resumes where it stopped."""
@@ -71,7 +71,8 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
                        loaded=p.bytes_loaded)
 
         with cancel_on_signals() as cancel:
-            name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel)
+            name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel,
+                                        check=check)
     rate = result.loaded_bytes / result.duration if result.duration else 0.0
     click.echo(f"dataload.datacache.io/{name}: {'Complete' if result.ok else 'Failed'} in {result.duration:.1f}s, "
                f"{format_bytes(result.loaded_bytes)} loaded from the UFS ({format_bytes(rate)}/s)")
@@ -90,9 +91,12 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
 @click.argument("dataset")
 @click.argument("paths", nargs=-1)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--check", is_flag=True,
+              help="Verify the checksum of every cached block (each is read) and load again those that fail; "
+                   "without it a block counts as cached when its file is there at its size.")
 @namespace_option
 @home_option
-def warmup(dataset, paths, quiet, namespace, home):
+def warmup(dataset, paths, quiet, check, namespace, home):
     """Load DATASET (or PATHS inside it: files, directories, globs) into the cache.
 
     Exits 1 when any target is missing or could not be cached completely, naming it.
@@ -101,7 +105,7 @@ def warmup(dataset, paths, quiet, namespace, home):
         name, _, path = dataset.partition("/")
         raise click.BadParameter(f"give the dataset and the paths separately: datacache warmup {name} /{path}",
                                  param_hint="DATASET")
-    if not run_warmup(Embedded(home), dataset, list(paths), namespace, quiet):
+    if not run_warmup(Embedded(home), dataset, list(paths), namespace, quiet, check):
         sys.exit(1)
 
 

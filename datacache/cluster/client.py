@@ -188,13 +188,17 @@ class WorkerClient:
             out += _json_field(body, "cached", where)
         return out
 
-    async def fill(self, url: str, where: str, entry: FileEntry, indexes: list[int]) -> tuple[int, int]:
-        """Have the worker cache blocks ``indexes`` of ``entry``; returns ``(bytes it stored, of
-        which read from the UFS)`` (the rest it copied from peers). Raises the UFS's error type (or
-        ENOSPC) when the worker could not."""
+    async def fill(self, url: str, where: str, entry: FileEntry, indexes: list[int],
+                   check: bool = False) -> tuple[int, int]:
+        """Have the worker cache blocks ``indexes`` of ``entry`` (with ``check``, verifying the
+        checksums of those it holds); returns ``(bytes it stored, of which read from the UFS)``
+        (the rest it copied from peers). Raises the UFS's error type (or ENOSPC) when the worker
+        could not."""
         files = [{**wire.entry_fields(entry), "blocks": indexes}]
-        status, _, body = await self._request(
-            "POST", url, "/v1/fill", where, json={"dataset": self.dataset, "block_size": self.block_size, "files": files})
+        request = {"dataset": self.dataset, "block_size": self.block_size, "files": files}
+        if check:
+            request["check"] = True
+        status, _, body = await self._request("POST", url, "/v1/fill", where, json=request)
         self._check(status, body, where, entry.path)
         (result,) = _json_field(body, "results", where)
         if result.get("error"):

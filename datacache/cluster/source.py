@@ -106,12 +106,13 @@ class ClusterBlockSource:
         start, end = block_range(index, entry.size, self.block_size)
         self._ahead.start(key, end - start, self._fetch, entry, index, key)
 
-    def fill(self, entry: FileEntry, first: int, last: int) -> int:
+    def fill(self, entry: FileEntry, first: int, last: int, check: bool = False) -> int:
         """Warmup: have the owners cache blocks ``first..last``; returns the bytes newly stored.
-        Raises the UFS's error, ``OSError(ENOSPC)`` from a full worker, or ``OSError(EHOSTDOWN)``
-        when no live worker is left to hold a block."""
+        With ``check`` the workers verify the checksums of the blocks they hold (see
+        :meth:`LocalBlockSource.fill`). Raises the UFS's error, ``OSError(ENOSPC)`` from a full
+        worker, or ``OSError(EHOSTDOWN)`` when no live worker is left to hold a block."""
         done, unplaced = self._scatter(entry, range(first, last + 1),
-                                       lambda m, idx: self._client.fill(m.url, m.worker_id, entry, idx))
+                                       lambda m, idx: self._client.fill(m.url, m.worker_id, entry, idx, check))
         self._forget(entry)
         stored, errors = 0, []
         for member, idx, result in done:

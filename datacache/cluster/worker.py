@@ -12,7 +12,8 @@ Endpoints (all but ``/healthz`` and ``/metrics`` need ``Authorization: Bearer <t
 | ``POST /v1/exists`` | ``{"dataset", "keys": [...]}`` -> ``{"cached": [bool, ...]}``                 |
 | ``POST /v1/fill``   | ``{"dataset", "block_size", "files": [{fields, "blocks": [i...]}]}``: fill the|
 |                     | blocks (warmup, copying what peers hold), answer per file ``{"stored": bytes, |
-|                     | "ufs": bytes read from the UFS}`` or ``{"error": ...}``                       |
+|                     | "ufs": bytes read from the UFS}`` or ``{"error": ...}``; ``"check": true``    |
+|                     | verifies the checksums of blocks held (``warmup --check``)                    |
 | ``POST /v1/pull``   | ``{"dataset", "from", "keys"}``: copy blocks this worker owns from worker     |
 |                     | ``from`` (hand-off); ``{"held": [bool, ...]}``                                |
 | ``POST /v1/drain``  | ``{"dataset", "seconds"}``: hand every block of the dataset's current files   |
@@ -207,6 +208,9 @@ class Worker:
             return web.json_response({"error": "Draining", "message": f"{self.worker_id} is being drained"},
                                      status=503)
         files = body.get("files")
+        check = body.get("check", False)
+        if not isinstance(check, bool):
+            raise wire.BadRequest("check: expected true or false")
         if not isinstance(files, list) or not 0 < len(files) <= MAX_FILES:
             raise wire.BadRequest(f"files: expected a list of 1 to {MAX_FILES} files")
         jobs = []
@@ -218,7 +222,7 @@ class Worker:
             if not isinstance(blocks, list) or not 0 < len(blocks) <= wire.MAX_KEYS:
                 raise wire.BadRequest("blocks: expected a non-empty list of block indexes")
             indexes = sorted({wire.parse_index({"i": i}, entry, self.block_size, "i") for i in blocks})
-            jobs.append(self._fill_file(entry, indexes))
+            jobs.append(self._fill_file(entry, indexes, check))
         return await _slow_json(request, asyncio.gather(*jobs), "results")
 
     async def drain(self, request: web.Request) -> web.StreamResponse:
@@ -312,9 +316,10 @@ class Worker:
             self.peer_bytes += len(data)
         return kept
 
-    async def _fill_file(self, entry, indexes: list[int]) -> dict:
+    async def _fill_file(self, entry, indexes: list[int], check: bool = False) -> dict:
         """Copy what peers hold of blocks ``indexes``, fill contiguous runs of the rest concurrently
-        from the UFS; ``{"stored": bytes, "ufs": bytes}`` or the first error."""
+        from the UFS (``check``: blocks held here are verified by checksum first, see
+        :meth:`LocalBlockSource.fill`); ``{"stored": bytes, "ufs": bytes}`` or the first error."""
         copied = 0
         if self.peers is not None:
             keys = [str(self.source.key(entry, i)) for i in indexes]
@@ -324,7 +329,7 @@ class Worker:
                 if await self._keep(key, data):
                     copied += len(data)
         runs = _runs(indexes)
-        done = await asyncio.gather(*(self._in_pool(self.source.fill, entry, a, b) for a, b in runs),
+        done = await asyncio.gather(*(self._in_pool(self.source.fill, entry, a, b, check) for a, b in runs),
                                     return_exceptions=True)
         ufs = sum(r for r in done if isinstance(r, int))
         for result in done:

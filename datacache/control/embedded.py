@@ -317,11 +317,12 @@ class Embedded:
                              manifest_lock=lambda: syncmark.manifest_write(self._dataset_dir(ds)))
 
     def run_dataload(self, dataload: DataLoad, on_progress=None, cancel: threading.Event | None = None,
-                     sync_first: bool = True):
+                     sync_first: bool = True, check: bool = False):
         """Run a DataLoad now; returns the ``WarmupResult``. Its status goes Executing (with live
         ``progress`` and per-target ``targets[].bytesDone``, written at most once a second) →
         Complete | Failed (C13: Complete means every target's current version is 100 % cached); ``lastSuccessfulTime`` survives failed runs.
         ``cancel`` set (Ctrl-C, SIGTERM) stops it: loaded blocks stay, status Failed/Cancelled.
+        ``check``: cached blocks are verified by checksum, not only by presence and size.
         Errors opening the dataset are raised after the status says Failed, and why."""
         meta = dataload.metadata
         started, t0 = now_iso(), time.monotonic()
@@ -351,7 +352,8 @@ class Embedded:
             if dataload.spec.load_metadata and sync_first:
                 self.sync(ds.name, ds.namespace)
             client = self.open_dataset(ds.name, ds.namespace)
-            result = warmup(client, [t.path for t in dataload.spec.target], on_progress=progress, cancel=cancel)
+            result = warmup(client, [t.path for t in dataload.spec.target], on_progress=progress, cancel=cancel,
+                            check=check)
             per_worker = getattr(client.source, "worker_progress", dict)()
         except BaseException as err:  # never left Executing: Failed, saying why
             reason = "Cancelled" if isinstance(err, KeyboardInterrupt) else "LoadFailed"
@@ -372,7 +374,7 @@ class Embedded:
         return result
 
     def warmup(self, name: str, paths: list[str], namespace: str = "default", on_progress=None,
-               cancel: threading.Event | None = None):
+               cancel: threading.Event | None = None, check: bool = False):
         """``datacache warmup``: a one-shot DataLoad named ``<dataset>-warmup-<UTC time>``, labelled
         ``datacache.io/warmup``; the oldest such records beyond ``WARMUP_HISTORY`` are deleted.
         Returns ``(dataload name, WarmupResult)``."""
@@ -387,7 +389,7 @@ class Embedded:
         self.state.put(to_document(dataload))
         for old in dataloads.stale_warmups(self.state.list("DataLoad", namespace), name):
             self.state.delete("DataLoad", old, namespace)
-        return dl_name, self.run_dataload(dataload, on_progress, cancel)
+        return dl_name, self.run_dataload(dataload, on_progress, cancel, check=check)
 
     def run_on_event(self, ds: Dataset, diff: ManifestDiff, refreshed_paths=()) -> list[str]:
         """Run the OnEvent DataLoads of ``ds`` whose targets hold files that ``diff`` (a metadata

@@ -409,3 +409,45 @@ def test_tokens_are_compared_in_constant_time(monkeypatch):
     assert not auth.authorized("Bearer s3cres", "s3cret") and not auth.authorized(None, "s3cret")
     assert calls == [(b"Bearer s3cret", b"Bearer s3cret"), (b"Bearer s3cres", b"Bearer s3cret"),
                      (b"", b"Bearer s3cret")]
+
+
+def test_block_files_lost_on_workers_are_not_counted_and_warmup_reloads_them(cluster, module_home):
+    """Issue 18: block files deleted or truncated behind a worker's back are not cached (status,
+    ``is_cached``); a warmup reloads exactly them, ``check=True`` also a block whose bytes changed."""
+    plane, contents = cluster
+    client = plane.open_dataset(NAME)
+    path = "local/big/large.bin"
+    entry = client.stat(path)
+    client.source.drop()
+    assert warmup(client, [path]).ok
+    size = len(contents[path])
+    assert plane.refresh_status("Dataset", NAME)["cacheStates"]["cached"] == format_bytes(size)
+    files = {}  # block index -> (worker's tier directory, block file)
+    for wid, directory in worker_dirs(module_home, NAME).items():
+        tier = DiskTier(directory, 1 << 40)
+        for i in range(len(contents[path]) // BLOCK + 1):
+            found = tier.block_file(str(client.source.key(entry, i)))
+            if found:
+                files[i] = found
+        tier.close()
+    assert len(files) == 65
+    os.unlink(files[3])
+    os.unlink(files[40])
+    os.truncate(files[64], 0)  # the last block: 7 bytes
+    lost = 2 * BLOCK + 7
+    client.close()
+
+    assert plane.refresh_status("Dataset", NAME)["cacheStates"]["cached"] == format_bytes(size - lost)
+    client = plane.open_dataset(NAME)
+    assert client.cached_bytes([entry]) == size - lost
+    result = warmup(client, [path])
+    assert result.ok and result.loaded_bytes == lost
+    with open(files[10], "r+b") as f:  # same size, other bytes
+        f.write(b"\xff" * 64)
+    assert warmup(client, [path]).loaded_bytes == 0
+    assert warmup(client, [path], check=True).loaded_bytes == BLOCK
+    assert client.cached_bytes([entry]) == size
+    with client.open(path) as f:
+        assert f.read() == contents[path]
+    client.close()
+    assert plane.refresh_status("Dataset", NAME)["cacheStates"]["cached"] == format_bytes(size)
