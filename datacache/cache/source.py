@@ -3,22 +3,30 @@
 This is the interface the Reader, DatasetClient and warmup use: ``block_size``, ``get``,
 ``prefetch``, ``fill``, ``is_cached``, ``usage``, ``hit_counts``, ``ufs_bytes``, ``close``. The local
 implementation here owns a tiered store; a distributed one asks cache workers. Fills are single-flight: concurrent requests of
-one missing block share one UFS read. Every fill holds its bytes against one shared
-:class:`~datacache.cache.budget.MemoryBudget`, so read-ahead and warmup cannot grow memory past it.
+one missing block share one UFS read, threads of a process through a future per block, processes
+sharing the cache directory through a per-block file lock (:mod:`datacache.cache.filllock`; a
+waiter re-checks the cache and reads the block filled meanwhile). Every fill holds its bytes
+against one shared :class:`~datacache.cache.budget.MemoryBudget`, taken before the file lock, so
+read-ahead and warmup cannot grow memory past it and no process waits for memory holding a lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from datacache.cache.blocks import BlockKey, PieceBlock, block_count, block_range, file_id
 from datacache.cache.budget import MemoryBudget
+from datacache.cache.filllock import FillLocks
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry
+
+log = logging.getLogger(__name__)
 
 
 class LocalBlockSource:
@@ -41,6 +49,7 @@ class LocalBlockSource:
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(fill_threads, thread_name_prefix="datacache-fill")
+        self._fill_locks = FillLocks(store.directory) if store.directory is not None else None
         self.ufs_bytes = 0
 
     def key(self, entry: FileEntry, index: int) -> BlockKey:
@@ -82,19 +91,28 @@ class LocalBlockSource:
             return 0
         start = block_range(missing[0], entry.size, self.block_size)[0]
         end = block_range(missing[-1], entry.size, self.block_size)[1]
-        self.budget.acquire(end - start)
+        self.budget.acquire(end - start)  # before the locks: never wait for memory holding one
         try:
-            data = self._read_ufs(entry, start, end)
-            stored = 0
-            for i in missing:
-                b0, b1 = block_range(i, entry.size, self.block_size)
-                full_before = _full_bypasses(self.store)
-                if not self.store.put(str(self.key(entry, i)), data[b0 - start:b1 - start]):
-                    raise OSError(errno.ENOSPC, _not_kept(self.store, b1 - b0, full_before), entry.path)
-                stored += b1 - b0
-            return stored
+            with self._locked([str(self.key(entry, i)) for i in missing]):
+                # another process may have filled some while this one waited for the locks
+                missing = [i for i in missing if str(self.key(entry, i)) not in self.store]
+                return self._fill_span(entry, missing) if missing else 0
         finally:
             self.budget.release(end - start)
+
+    def _fill_span(self, entry: FileEntry, missing: list[int]) -> int:
+        """Store blocks ``missing`` (ascending) from one UFS read of their span; bytes stored."""
+        start = block_range(missing[0], entry.size, self.block_size)[0]
+        end = block_range(missing[-1], entry.size, self.block_size)[1]
+        data = self._read_ufs(entry, start, end)
+        stored = 0
+        for i in missing:
+            b0, b1 = block_range(i, entry.size, self.block_size)
+            full_before = _full_bypasses(self.store)
+            if not self.store.put(str(self.key(entry, i)), data[b0 - start:b1 - start]):
+                raise OSError(errno.ENOSPC, _not_kept(self.store, b1 - b0, full_before), entry.path)
+            stored += b1 - b0
+        return stored
 
     def _single_flight(self, key: str, entry: FileEntry, index: int, blocking: bool,
                        background: bool = False) -> Future:
@@ -125,9 +143,12 @@ class LocalBlockSource:
 
     def _fill_one(self, key: str, entry: FileEntry, index: int, nbytes: int, fut: Future) -> None:
         try:
-            start, end = block_range(index, entry.size, self.block_size)
-            data = self._read_ufs(entry, start, end)
-            self.store.put(key, data)  # a block that cannot be kept is still returned
+            with self._locked([key]):
+                data = self.store.get(key)  # filled by another process while this one waited
+                if data is None:
+                    start, end = block_range(index, entry.size, self.block_size)
+                    data = self._read_ufs(entry, start, end)
+                    self.store.put(key, data)  # a block that cannot be kept is still returned
             fut.set_result(data)
         except BaseException as err:  # handed to every waiter
             fut.set_exception(err)
@@ -135,6 +156,20 @@ class LocalBlockSource:
             with self._lock:
                 self._inflight.pop(key, None)
             self.budget.release(nbytes)
+
+    @contextlib.contextmanager
+    def _locked(self, keys: list[str]):
+        """Hold the cross-process fill locks of ``keys``: none for a MEM-only store, whose blocks
+        no other process sees, nor (after one warning) when the lock files cannot be made."""
+        with contextlib.ExitStack() as stack:
+            if self._fill_locks is not None:
+                try:
+                    stack.enter_context(self._fill_locks.held(keys))
+                except OSError as err:
+                    log.warning("cache %s: no fill locks (%s): processes may each fetch a block the cache lacks",
+                                self.store.directory, err)
+                    self._fill_locks = None
+            yield
 
     def _read_ufs(self, entry: FileEntry, start: int, end: int) -> bytes:
         data = self.ufs.read(entry.mount, entry.ufs_path, entry.version, start, end)

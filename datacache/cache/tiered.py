@@ -100,6 +100,11 @@ class TieredStore:
             return True
         return self._disk is not None and self._disk.advise(key)
 
+    @property
+    def directory(self) -> str | None:
+        """The disk level's cache directory, shared with other processes; None for MEM only."""
+        return self._disk.path if self._disk is not None else None
+
     def block_file(self, key: str) -> str | None:
         """Path of a block's file on the disk level, for short-circuit reads; None if not on disk."""
         return self._disk.block_file(key) if self._disk is not None else None

@@ -1,10 +1,15 @@
-"""Concurrency: many readers of one cold block cost one UFS read; warmup racing with readers and
-with a metadata sync that overwrites files never yields mixed or wrong bytes."""
+"""Concurrency: many readers of one cold block cost one UFS read, threads of one process and
+separate processes alike; warmup racing with readers and with a metadata sync that overwrites
+files never yields mixed or wrong bytes."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,6 +40,44 @@ def test_many_readers_of_one_cold_block_make_one_ufs_read(datacache_home, moto_s
     finally:
         client.close()
         plane.close()
+
+
+PROCESSES = 8
+_READ_IN_A_PROCESS = """
+import hashlib, os, sys, time
+import fsspec
+home, go = sys.argv[1], sys.argv[2]
+while not os.path.exists(go):
+    time.sleep(0.005)
+with fsspec.open("datacache://herd/big.bin", "rb", home=home, skip_instance_cache=True) as f:
+    print(hashlib.sha256(f.read()).hexdigest())
+"""
+
+
+def test_processes_reading_one_cold_object_make_one_get_per_block(datacache_home, moto_secrets, fault_moto,
+                                                                   proxy, bucket_of, tmp_path):
+    """Issue 18: DataLoader-like worker processes reading one cold object through ``datacache://``
+    made a GET per block per process (291 GETs for 12 blocks with 32 processes); the per-block
+    fill lock in the cache directory makes it one per block whichever process asks."""
+    data = os.urandom(8 << 20)  # 8 blocks of 1 MiB
+    plane = apply_proxied(datacache_home, "herd", fault_moto, proxy, bucket_of({"big.bin": data}))
+    plane.close()
+    proxy.delay = 0.2  # a slow source: the processes' fills overlap
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _READ_IN_A_PROCESS, str(datacache_home), str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(PROCESSES)]
+    try:
+        time.sleep(3.0)  # every process imported and waits
+        go.touch()
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * PROCESSES, [err.decode()[-2000:] for _, err in outs]
+    assert [out.decode().strip() for out, _ in outs] == [sha(data)] * PROCESSES
+    assert proxy.object_gets("big.bin") == 8
 
 
 def test_warmup_and_reads_race_with_a_sync_that_overwrites_files(datacache_home, moto_secrets, fault_moto,
