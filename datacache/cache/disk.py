@@ -371,20 +371,20 @@ class DiskTier:
         ``datacache warmup --check``); a block that fails is dropped (see :meth:`get`)."""
         return self.get(key) is not None
 
-    def present_keys(self) -> list[str]:
-        """Keys of the blocks whose files are there at their indexed size: one ``stat`` per block
-        (what status counts, cases C13/C14). Rows whose file is gone or short are dropped."""
+    def present_keys(self):
+        """Iterate over the keys of the blocks whose files are there at their indexed size: one
+        ``stat`` per block (what status counts, cases C13/C14), rows streamed from the index. Rows
+        whose file is gone or short are dropped."""
         if self._peek is None:
-            return []
-        rows = self._peek._con.execute(
-            "SELECT key, filename, tag, size FROM Cache WHERE raw = 1 AND filename IS NOT NULL").fetchall()
+            return
+        rows = self._peek._con.execute("SELECT key, filename, size FROM Cache WHERE raw = 1 AND filename IS NOT NULL")
         lost_before = self.lost
-        present = [key for key, name, tag, size in rows
-                   if isinstance(key, str) and self._file_whole(key, (os.path.join(self.path, name), tag, size))]
+        for key, name, size in rows:
+            if isinstance(key, str) and self._file_whole(key, (os.path.join(self.path, name), "", size)):
+                yield key
         if self.lost > lost_before:
             log.warning("cache tier %s: %d block files were missing or short on disk (deleted or truncated "
                         "outside datacache): dropped from the index", self.path, self.lost - lost_before)
-        return present
 
     def _file_whole(self, key: str, row: tuple[str, str, int]) -> bool:
         """Whether the block file of ``row`` (a :meth:`_row`) has its indexed size; if not, the
