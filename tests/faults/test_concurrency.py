@@ -52,6 +52,35 @@ while not os.path.exists(go):
 with fsspec.open("datacache://herd/big.bin", "rb", home=home, skip_instance_cache=True) as f:
     print(hashlib.sha256(f.read()).hexdigest())
 """
+_WARM_IN_A_PROCESS = """
+import os, sys, time
+from datacache.control.embedded import Embedded
+from datacache.dataload import warmup
+home, go = sys.argv[1], sys.argv[2]
+client = Embedded(home).open_dataset("herd")
+while not os.path.exists(go):
+    time.sleep(0.005)
+print(warmup(client, ["big.bin"]).ok)
+client.close()
+"""
+
+
+def _in_processes(n: int, script: str, home, go) -> list[str]:
+    """Run ``script`` in ``n`` processes started together (each waits for the file ``go``);
+    their outputs, once all exited 0."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(home), str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(n)]
+    try:
+        time.sleep(3.0)  # every process imported and waits
+        go.touch()
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * n, [err.decode()[-2000:] for _, err in outs]
+    return [out.decode().strip() for out, _ in outs]
 
 
 def test_processes_reading_one_cold_object_make_one_get_per_block(datacache_home, moto_secrets, fault_moto,
@@ -63,21 +92,26 @@ def test_processes_reading_one_cold_object_make_one_get_per_block(datacache_home
     plane = apply_proxied(datacache_home, "herd", fault_moto, proxy, bucket_of({"big.bin": data}))
     plane.close()
     proxy.delay = 0.2  # a slow source: the processes' fills overlap
-    go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", _READ_IN_A_PROCESS, str(datacache_home), str(go)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(PROCESSES)]
-    try:
-        time.sleep(3.0)  # every process imported and waits
-        go.touch()
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0] * PROCESSES, [err.decode()[-2000:] for _, err in outs]
-    assert [out.decode().strip() for out, _ in outs] == [sha(data)] * PROCESSES
+    assert _in_processes(PROCESSES, _READ_IN_A_PROCESS, datacache_home, tmp_path / "go") == [sha(data)] * PROCESSES
     assert proxy.object_gets("big.bin") == 8
+
+
+def test_warmups_in_several_processes_fetch_each_block_once(datacache_home, moto_secrets, fault_moto, proxy,
+                                                            bucket_of, tmp_path):
+    """Warmups of one cold object started together in 4 processes: each segment (here one 1 MiB
+    block, see ``dataload._load``) is fetched by one of them, the others find it stored."""
+    data = os.urandom(8 << 20)
+    plane = apply_proxied(datacache_home, "herd", fault_moto, proxy, bucket_of({"big.bin": data}))
+    plane.close()
+    proxy.delay = 0.2
+    assert _in_processes(4, _WARM_IN_A_PROCESS, datacache_home, tmp_path / "go") == ["True"] * 4
+    assert proxy.object_gets("big.bin") == 8
+    client = Embedded(str(datacache_home)).open_dataset("herd")
+    try:
+        assert read_all(client, "big.bin") == data
+        assert proxy.object_gets("big.bin") == 8  # all from the cache
+    finally:
+        client.close()
 
 
 def test_warmup_and_reads_race_with_a_sync_that_overwrites_files(datacache_home, moto_secrets, fault_moto,
