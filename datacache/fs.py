@@ -28,7 +28,7 @@ class DatacacheFileSystem(AbstractFileSystem):
         super().__init__(home=home, namespace=namespace, **kwargs)
         self._home = home
         self._namespace = namespace
-        self._plane = None
+        self._paths = None
         self._clients: dict = {}
         self._lock = threading.Lock()
 
@@ -48,16 +48,19 @@ class DatacacheFileSystem(AbstractFileSystem):
         with self._lock:
             client = self._clients.get(dataset)
             if client is None:
-                from datacache.control.embedded import Embedded
-
-                if self._plane is None:
-                    self._plane = Embedded(self._home)
                 try:
-                    client = self._plane.open_dataset(dataset, self._namespace)
+                    client = self._read_path().open_dataset(dataset, self._namespace)
                 except ResourceError as err:
                     raise FileNotFoundError(errno.ENOENT, str(err), dataset) from None
                 self._clients[dataset] = client
             return client
+
+    def _read_path(self):
+        if self._paths is None:
+            from datacache.control.embedded import read_path
+
+            self._paths = read_path(self._home)
+        return self._paths
 
     def _split(self, path: str) -> tuple[str, str]:
         path = self._strip_protocol(path)
@@ -67,10 +70,7 @@ class DatacacheFileSystem(AbstractFileSystem):
     def ls(self, path, detail=True, **kwargs):
         dataset, rest = self._split(path)
         if not dataset:
-            from datacache.control.embedded import Embedded
-
-            plane = self._plane or Embedded(self._home)
-            names = [d["metadata"]["name"] for d in plane.state.list("Dataset", self._namespace)]
+            names = [d["metadata"]["name"] for d in self._read_path().state.list("Dataset", self._namespace)]
             out = [{"name": n, "type": "directory", "size": 0} for n in names]
         else:
             client = self._client(dataset)
@@ -129,6 +129,6 @@ class DatacacheFileSystem(AbstractFileSystem):
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
-            if self._plane is not None:
-                self._plane.close()
-                self._plane = None
+            if self._paths is not None:
+                self._paths.close()
+                self._paths = None

@@ -68,7 +68,7 @@ class ManifestDiff:
     ``DIFF_LIMIT`` of them. ``duplicates``: files of the listing dropped because a later one has the
     same dataset path (object keys that normalise alike: ``a//b`` and ``a/b``);
     ``duplicate_paths``: those paths (the first ``DIFF_LIMIT`` dropped). ``refreshed``: paths readers found changed and refreshed since the last
-    sync (:mod:`datacache.control.refreshed`), so this diff no longer counts them as changed.
+    sync (:mod:`datacache.stack.refreshed`), so this diff no longer counts them as changed.
     """
 
     added: list[str]

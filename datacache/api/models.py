@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import datetime
 import re
-from importlib.metadata import entry_points
 from typing import Annotated, Any, Literal, Union
 
-from fsspec.registry import known_implementations as _fsspec_known
-from fsspec.registry import registry as _fsspec_registry
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -34,6 +31,7 @@ from pydantic.alias_generators import to_camel
 
 from .quantity import parse_quantity
 from datacache.ufs.retry import option_problems
+from datacache.ufs.schemes import RUNTIME_PLUGIN_GROUP, SCHEME_PATTERN, known_schemes, plugin_schemes, register_scheme
 
 __all__ = [
     "API_VERSION",
@@ -191,13 +189,8 @@ BlockSize = _quantity(min_bytes=64 * 1024, max_bytes=64 * 1024**2, multiple_of=4
 
 # --- schemes ------------------------------------------------------------------------------------
 
-# Schemes a Mount may not use although fsspec knows them: "datacache" would read a dataset
-# through itself, and fsspec's caching wrappers would cache a cache.
-_EXCLUDED_SCHEMES = frozenset({"datacache", "blockcache", "cached", "filecache", "simplecache"})
-_EXTRA_SCHEMES: set[str] = {"file", "local"}
 # Shown first in "known: ..." lists: the schemes users most likely meant.
 _POPULAR_SCHEMES = ("s3", "gs", "az", "http", "https", "file", "memory", "sftp")
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
 _PLACEHOLDER = re.compile(r"\$\{(?P<var>[^}]*)\}")
 
@@ -209,33 +202,6 @@ def _unfilled(value: str) -> str:
         return ""
     return (f"'{value}' holds the unfilled placeholder(s) {', '.join('${' + n + '}' for n in names)}: replace "
             "them with your own values (the comment at the top of the example file says what each one is)")
-
-
-def register_scheme(name: str) -> None:
-    """Allow mounts with ``name://...`` (for runtime plugins that serve their own scheme).
-
-    Raises ``ValueError`` if ``name`` is not a lowercase URL scheme (``[a-z][a-z0-9+.-]*``).
-    """
-    if not isinstance(name, str) or not _SCHEME.match(name):
-        raise ValueError(f"{name!r} is not a valid scheme: use lowercase letters, digits, '+', '.', '-'")
-    _EXTRA_SCHEMES.add(name)
-
-
-def known_schemes() -> frozenset[str]:
-    """Schemes a Mount may use: fsspec's known and registered ones, ``file``/``local`` and plugins'."""
-    names = set(_fsspec_known) | set(_fsspec_registry)  # both are live views
-    return frozenset((names - _EXCLUDED_SCHEMES) | _EXTRA_SCHEMES)
-
-
-RUNTIME_PLUGIN_GROUP = "datacache.runtimes"
-"""Entry-point group of runtime plugins (see ``runtimes/README.md``)."""
-
-
-def plugin_schemes() -> frozenset[str]:
-    """Names of the installed runtime plugins (entry points in :data:`RUNTIME_PLUGIN_GROUP`); a mount
-    may use each as its URL scheme. Reads package metadata (about 10 ms), so it is consulted only
-    for schemes fsspec does not know."""
-    return frozenset(entry_points(group=RUNTIME_PLUGIN_GROUP).names)
 
 
 def _scheme_list(known: frozenset[str]) -> str:
@@ -694,7 +660,7 @@ class ThinRuntimeProfileSpec(_Model):
     ThinRuntime's and each mount's options override. ``file_system_type`` may be used as a mount's
     URL scheme (it is registered with :func:`register_scheme`)."""
 
-    file_system_type: Annotated[str, Field(pattern=_SCHEME.pattern, max_length=63)]
+    file_system_type: Annotated[str, Field(pattern=SCHEME_PATTERN, max_length=63)]
     plugin: Annotated[str, Field(min_length=1)] | None = None
     fuse: ThinFuseCommand | None = None
     options: PlainOptions = Field(default_factory=dict)

@@ -41,7 +41,8 @@ from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.cluster import auth
 from datacache.cluster.client import BlockVanished, LoopThread, WorkerClient, WorkerRejected, WorkerUnavailable
-from datacache.cluster.membership import Member, open_membership
+from datacache.cluster.member import Member
+from datacache.cluster.membership import open_membership
 from datacache.cluster.readahead import ReadAhead
 from datacache.cluster.routing import Router
 from datacache.errors import UFSUnavailableError

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from datacache.api.quantity import format_bytes
-from datacache.control.state import now_iso
+from datacache.state import now_iso
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from datacache.entry import FileEntry
 from datacache.manifest import (BATCH_ROWS, DIFF_LIMIT, SCHEMA, ManifestDiff, aligned_batches, diff_batches,
                                 entries_table)
-from datacache.control import syncmark
+from datacache.stack import syncmark
 
 __all__ = ["sync_manifest", "DIFF_FILE"]
 

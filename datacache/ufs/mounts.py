@@ -21,12 +21,13 @@ import fsspec.asyn
 from fsspec.core import url_to_fs
 from fsspec.registry import known_implementations, registry
 
-from datacache.api.models import plugin_schemes
 from datacache.entry import FileEntry
 from datacache.errors import ResourceError
 from datacache.manifest import normalize
 from datacache.ufs.credentials import redact, resolve_options
+from datacache.ufs.plugins import open_plugin_mount
 from datacache.ufs.retry import RETRY_OPTIONS, policy_from_options
+from datacache.ufs.schemes import plugin_schemes
 from datacache.ufs.versions import mtime_of, read_exact, version_of
 
 # Every UFS call is bounded: a stalled store must become an error, never a hang. The mount
@@ -78,8 +79,6 @@ class UnionNamespace:
 
     def _open_url(self, m, where: str, home: str) -> tuple[fsspec.AbstractFileSystem, str]:
         if m.scheme not in known_implementations and m.scheme not in registry and m.scheme in plugin_schemes():
-            from datacache_runtimes.plugins import open_plugin_mount  # the plugin API lives there
-
             return open_plugin_mount(m.scheme, m, home, where)
         options, secrets = resolve_options(m, home, where)
         self.secrets += secrets

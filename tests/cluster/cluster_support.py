@@ -12,7 +12,8 @@ from datacache.api.loader import load_resource_dict
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.blocks import block_count, block_range, file_id
 from datacache.client import DatasetClient
-from datacache.cluster.membership import Member, Membership
+from datacache.cluster.member import Member
+from datacache.cluster.membership import Membership
 from datacache.cluster.source import connect
 from datacache.control import supervisor
 from datacache.control.embedded import Embedded

@@ -15,7 +15,7 @@ import pytest
 
 from datacache.cli.data import _sync_progress
 from datacache.control import sync
-from datacache.control.syncmark import MANIFEST_LOCK_FILE
+from datacache.stack.syncmark import MANIFEST_LOCK_FILE
 from datacache.control.sync import DIFF_FILE, sync_manifest
 from datacache.errors import ResourceError
 from datacache.manifest import FileEntry, Manifest
