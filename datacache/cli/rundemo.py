@@ -1,4 +1,4 @@
-"""``datacache demo``: the main job end to end (the demo package is imported only when it runs)."""
+"""``datacache demo``: the main job end to end (its module, :mod:`.demojob`, is imported only when it runs)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import click
 @click.option("--keep", is_flag=True, help="Keep the demo's state directory afterwards.")
 def demo(n_jpeg, shard_mib, keep):
     """The main job end to end: S3 + local source, apply, warmup, read back, verify, status."""
-    from datacache.demo.run import run_demo
+    from datacache.cli.demojob import run_demo
 
     sys.exit(run_demo(n_jpeg=n_jpeg, shard_bytes=shard_mib << 20, keep=keep))
 

@@ -323,7 +323,7 @@ class Embedded:
                 self.sync(ds.name, ds.namespace)
             client = self.open_dataset(ds.name, ds.namespace)
             result = warmup(client, [t.path for t in dataload.spec.target], on_progress=progress, cancel=cancel)
-            per_worker = getattr(client.source, "worker_progress", dict)()
+            per_worker = client.source.worker_progress()
         except BaseException as err:  # never left Executing: Failed, saying why
             reason = "Cancelled" if isinstance(err, KeyboardInterrupt) else "LoadFailed"
             self.state.set_status("DataLoad", meta.name, meta.namespace, {
