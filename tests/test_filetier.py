@@ -289,3 +289,15 @@ def test_materialize_entry_only_from_cached_blocks(datacache_home, tmp_path):
         assert file_sha(path) == sha(data)
         assert materialize_entry(tier, source, entry) == path
     client.close()
+
+
+def test_a_damaged_index_is_replaced_and_its_files_dropped(tmp_path, caplog):
+    d, data = str(tmp_path / "t"), os.urandom(MiB)
+    with FileTier(d, 64 * MiB) as tier:
+        tier.materialize(fid("a"), len(data), blocks(data))
+    with open(os.path.join(d, "index.db"), "r+b") as f:
+        f.write(b"this is not an SQLite header")
+    with FileTier(d, 64 * MiB) as tier:
+        assert tier.path(fid("a")) is None and entries(d) == set()
+        assert f"file tier {d}: damaged index {d}/index.db" in caplog.text
+        assert file_sha(tier.materialize(fid("a"), len(data), blocks(data))) == sha(data)

@@ -90,8 +90,11 @@ class FileTier:
     """Complete file versions under ``directory``, at most ``quota_bytes`` bytes on disk, evicted
     least recently used first from the ``high`` to the ``low`` watermark (fractions of the quota).
 
-    Opening sweeps what crashed writers left (see the module docstring). Raises ``ValueError`` for
-    watermarks outside ``0 < low <= high <= 1``, ``OSError`` when the directory cannot be made.
+    Opening sweeps what crashed writers left (see the module docstring); a damaged index is
+    deleted with a warning, and the files it indexed with it (the sweep: no row names them).
+    Raises ``ValueError`` for watermarks outside ``0 < low <= high <= 1``; ``OSError`` or
+    ``sqlite3.Error`` when the directory cannot be used (read-only, not ours): a caller then
+    reads through the block tiers.
     Counters (this instance): ``evictions``, ``dropped`` (files that failed a check).
     """
 
@@ -106,18 +109,46 @@ class FileTier:
         private.makedirs(self.directory)
         self._lock = threading.Lock()
         self._lock_fd = os.open(private.touch(os.path.join(self.directory, ".lock")), os.O_RDWR | os.O_CLOEXEC)
-        self._db = sqlite3.connect(os.path.join(self.directory, _INDEX), timeout=60, isolation_level=None,
-                                   check_same_thread=False)
         self._verified: set[str] = set()  # files this instance wrote or checked
         self._accessed: dict[str, float] = {}
         self._flushed = time.monotonic()
         self.evictions = 0
         self.dropped = 0
-        with self._exclusive():
+        try:
+            with self._exclusive():
+                self._db = self._open_index()
+                self._sweep()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+    def _open_index(self) -> sqlite3.Connection:
+        """The index (under the lock); a damaged one is deleted and made anew."""
+        try:
+            return self._connect()
+        except sqlite3.DatabaseError as err:
+            if getattr(err, "sqlite_errorcode", None) not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+                raise
+            # Without its digests no file can be checked: start again empty.
+            log.warning("file tier %s: damaged index %s (%s): deleted with the files it indexed",
+                        self.directory, os.path.join(self.directory, _INDEX), err)
+            for name in _INDEX_FILES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.directory, name))
+            return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        """The index, created if missing (0600); raises ``sqlite3.DatabaseError`` when damaged."""
+        db = sqlite3.connect(os.path.join(self.directory, _INDEX), timeout=60, isolation_level=None,
+                             check_same_thread=False)
+        try:
             os.chmod(os.path.join(self.directory, _INDEX), private.FILE_MODE)
             for statement in _SCHEMA:
-                self._db.execute(statement)
-            self._sweep()
+                db.execute(statement)
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     # -- reading -------------------------------------------------------------------------------
 
