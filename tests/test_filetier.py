@@ -188,7 +188,7 @@ def test_a_live_writers_temp_is_kept_by_a_sweep_and_not_written_twice(tmp_path):
         child.join(60)
 
 
-def test_a_damaged_file_is_dropped_by_verify_and_at_its_first_hand_out_after_a_restart(tmp_path):
+def test_a_damaged_file_is_dropped_by_verify_and_at_its_first_hand_out_after_a_restart(tmp_path, caplog):
     d = str(tmp_path / "t")
     data = {n: os.urandom(2 * MiB + 3) for n in "abc"}
     with FileTier(d, 64 * MiB) as tier:
@@ -205,10 +205,11 @@ def test_a_damaged_file_is_dropped_by_verify_and_at_its_first_hand_out_after_a_r
         assert tier.verify(fid("a")) == [fid("a")]
         assert tier.path(fid("b")) is None  # first hand-out by this instance: checked, dropped
         assert tier.dropped == 2 and entries(d) == {fid("c")}
+        assert f"file tier {d}: file {fid('a')} failed its check (2097155 bytes and xxh3" in caplog.text
         assert not tier.contains(fid("a")) and not tier.contains(fid("b"))
         assert file_sha(tier.path(fid("c"))) == sha(data["c"])
         os.truncate(os.path.join(d, fid("c")), 5)  # a short file fails the scrub too
-        assert tier.verify() == [fid("c")] and entries(d) == set()
+        assert tier.verify() == [fid("c")] and entries(d) == set() and tier.dropped == 3
 
 
 def _fill_many(directory: str, quota: int, worker: int, count: int, size: int, results) -> None:

@@ -308,12 +308,15 @@ class FileTier:
         return [f for f, size, digest in rows if not self._check(f, size, digest)]
 
     def _check(self, fid: str, size: int, digest: str) -> bool:
-        """Read the file whole and compare with its row; a mismatch (or a missing file) drops it."""
+        """Read the file whole and compare with its row (``size`` bytes, xxh3-64 ``digest``); a
+        mismatch or a read error drops it (counted, with a warning), as does a missing file."""
         full = os.path.join(self.directory, fid)
         try:
             found = _digest(full, size)
-        except FileNotFoundError:  # evicted meanwhile by another process: not damage
+        except FileNotFoundError:  # evicted meanwhile by another process, or lost: not damage
             found = None
+        except OSError as err:  # EIO: the device cannot give its bytes back
+            found = f"unreadable ({err})"
         if found == digest:
             self._verified.add(fid)
             return True
@@ -321,7 +324,8 @@ class FileTier:
             row = self._db.execute("SELECT digest FROM files WHERE fid = ?", (fid,)).fetchone()
             if row is not None and row[0] == digest:  # still the file we read (not rewritten since)
                 if found is not None:
-                    log.warning("file tier %s: file %s failed its check (size or xxh3): dropped", self.directory, fid)
+                    log.warning("file tier %s: file %s failed its check (%s bytes and xxh3 %s expected, found %s): "
+                                "dropped", self.directory, fid, size, digest, found)
                     self.dropped += 1
                 self._delete(fid)
         return False
@@ -435,12 +439,14 @@ def _check_fid(fid: str) -> None:
         raise ValueError(f"malformed file id {fid!r}: expected 32 hex digits (datacache.cache.blocks.file_id)")
 
 
-def _digest(path: str, size: int) -> str | None:
-    """xxh3-64 hex digest of the file at ``path``, or None when it does not hold ``size`` bytes."""
+def _digest(path: str, size: int) -> str:
+    """xxh3-64 hex digest of the file at ``path``, or what is wrong when it does not hold ``size``
+    bytes. Raises ``OSError`` (``FileNotFoundError`` when it is gone)."""
     digest = xxhash.xxh3_64()
     with open(path, "rb", buffering=0) as f:
-        if os.fstat(f.fileno()).st_size != size:
-            return None
+        found = os.fstat(f.fileno()).st_size
+        if found != size:
+            return f"{found} bytes"
         buf = bytearray(PIECE)
         while n := f.readinto(buf):
             digest.update(memoryview(buf)[:n])
