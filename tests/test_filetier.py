@@ -17,7 +17,7 @@ import time
 import pytest
 
 from datacache.cache.blocks import PieceBlock, file_id
-from datacache.cache.filetier import FileTier, materialize_entry
+from datacache.cache.filetier import FileTier, MissingBlock, materialize_entry
 from support import apply_dataset, du
 
 MiB = 1 << 20
@@ -77,6 +77,20 @@ def test_piece_blocks_and_wrong_totals(tmp_path):
         assert tier.used() < len(data) + 64 * 1024  # the two refused writes hold no reservation
         with pytest.raises(ValueError, match="malformed file id '../x'"):
             tier.path("../x")
+
+
+def test_a_write_given_up_for_a_missing_block_leaves_nothing(tmp_path):
+    data = os.urandom(3 * BS)
+
+    def losing():
+        yield data[:BS]
+        raise MissingBlock("block 1 is no longer cached")
+
+    with FileTier(str(tmp_path / "t"), 64 * MiB) as tier:
+        assert tier.materialize(fid("m"), len(data), losing()) is None
+        assert entries(tier.directory) == set() and tier.used() < 64 * 1024  # no temp, no reservation
+        assert not tier.contains(fid("m"))
+        assert file_sha(tier.materialize(fid("m"), len(data), blocks(data))) == sha(data)
 
 
 def test_a_file_larger_than_the_quota_is_refused_with_nothing_written(tmp_path):

@@ -4,7 +4,8 @@ plain local file objects (issue 17, items 5 and 6).
 The block tiers keep a file as many block files; passthrough needs ONE local file whose bytes are
 the whole version. This tier keeps such files, node-local, under its own quota.
 
-Layout: one directory (0700) holding
+Layout: one directory (0700) of its own (the sweep below deletes files named as its own that no
+index row names, so no other tier may share it), holding
 - ``<file id>``: the complete bytes of one file version (0600), named by its
   :func:`~datacache.cache.blocks.file_id` (mount, UFS path, version, block size), never by a
   user path;
