@@ -75,7 +75,7 @@ ACCESS_FLUSH_S = 1.0  # seconds between two writes of the files' last accesses t
 _INDEX = "index.db"
 _INDEX_FILES = (_INDEX, _INDEX + "-journal", _INDEX + "-wal", _INDEX + "-shm")
 _FINAL = re.compile(r"[0-9a-f]{32}")
-_TEMP = re.compile(r"([0-9a-f]{32})\.[0-9a-f]{32}\.tmp")
+_TEMP = re.compile(r"[0-9a-f]{32}\.[0-9a-f]{32}\.tmp")
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS files (fid TEXT PRIMARY KEY, size INTEGER NOT NULL, "
            "atime REAL NOT NULL, digest TEXT NOT NULL)",
            "CREATE INDEX IF NOT EXISTS files_atime ON files (atime)",
