@@ -5,6 +5,9 @@ x.JPEG")`` and ``pd.read_parquet("datacache://ds/t.parquet")`` read through the 
 mount. Paths are ``DATASET/path/in/dataset``; the top level lists datasets. Read-only: opening for
 writing raises ``PermissionError`` (EROFS). Storage option ``home`` selects ``$DATACACHE_HOME``.
 Pickles by its arguments (fsspec does this), so DataLoader worker processes open their own clients.
+A file version complete in the node's file tier opens as a plain local file object over its
+contiguous cache file (the same version check: the file is named by the manifest's version), so
+it reads at the local disk's speed; others open as a ``DatasetFile`` reading blocks.
 """
 
 from __future__ import annotations
@@ -104,10 +107,15 @@ class DatacacheFileSystem(AbstractFileSystem):
         if "r" not in mode or any(c in mode for c in "wax+"):
             raise PermissionError(errno.EROFS, "datacache datasets are read-only", path)
         dataset, rest = self._split(path)
+        client = self._client(dataset)
         try:
-            return self._client(dataset).open(rest)
+            entry = client.stat(rest)
         except ValueError as err:
             raise FileNotFoundError(errno.ENOENT, str(err), path) from None
+        if entry is None:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        fd = client.local_file(entry)  # the version complete in the file tier: a plain local file
+        return open(fd, "rb") if fd is not None else client.open_entry(entry)
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         # No file object: a small file is one block read (DatasetClient.read).

@@ -183,6 +183,8 @@ def _quantity(min_bytes: int = 0, max_bytes: int | None = None, multiple_of: int
 
 Quota = _quantity(min_bytes=1)
 """A level's quota: a quantity greater than zero."""
+FileTierQuota = _quantity(min_bytes=0)
+"""The file tier's quota: a quantity, 0 turning the tier off."""
 BlockSize = _quantity(min_bytes=64 * 1024, max_bytes=64 * 1024**2, multiple_of=4096)
 """A block size: a quantity between 64Ki and 64Mi, a multiple of 4096 bytes."""
 
@@ -502,10 +504,32 @@ class Level(_Model):
         return parse_quantity(self.quota)
 
 
+class FileTierSpec(_Model):
+    """``tieredstore.fileTier``: complete file versions of more than one block kept on this node as
+    one contiguous local file each (``datacache.cache.filetier``), which FUSE passthrough and
+    ``datacache://`` hand out as plain files, so reads run at the local disk's speed. ``quota``:
+    bytes (``0`` turns it off; default: the first disk level's quota); ``path``: its directory
+    (default: beside the first disk level's, ``<level path>/<ns>/<name>.files``); watermarks as
+    for a level. Until one layout serves both, a file here is also held as blocks (up to twice
+    its size on disk)."""
+
+    path: str | None = None
+    quota: FileTierQuota | None = None
+    high: Annotated[float, Field(gt=0, le=1)] = 0.95
+    low: Annotated[float, Field(ge=0, lt=1)] = 0.8
+
+    @model_validator(mode="after")
+    def _check_watermarks(self) -> "FileTierSpec":
+        if self.low >= self.high:
+            raise FieldProblems([(("low",), f"low watermark {self.low:g} must be below high watermark {self.high:g}")])
+        return self
+
+
 class TieredStore(_Model):
-    """``tieredstore``: the cache tiers, at most one per medium."""
+    """``tieredstore``: the cache tiers, at most one per medium, and the file tier (``fileTier``)."""
 
     levels: Annotated[list[Level], Field(min_length=1)]
+    file_tier: FileTierSpec = Field(default_factory=FileTierSpec)
 
     @model_validator(mode="after")
     def _check_levels(self) -> "TieredStore":

@@ -193,10 +193,18 @@ class Embedded:
 
     def _drop_cache_dirs(self, runtime) -> None:
         """Remove every disk level's ``<level path>/<ns>/<name>`` of ``runtime`` (in-process and
-        ``worker-<i>`` caches): its blocks go with it, as a Fluid runtime's cache does."""
+        ``worker-<i>`` caches) and its file tier: its blocks go with it, as a Fluid runtime's cache
+        does."""
         for level in runtime.spec.tieredstore.levels:
             if level.path is not None:
                 shutil.rmtree(layout.level_dir(self.home, runtime, level), ignore_errors=True)
+        self._drop_file_tier(runtime)
+
+    def _drop_file_tier(self, runtime) -> None:
+        """Remove ``runtime``'s file tier (its files are all of its one dataset's versions)."""
+        where = layout.file_tier(self.home, runtime)
+        if where is not None:
+            shutil.rmtree(where[0], ignore_errors=True)
 
     def _drop_blocks(self, runtime, dataset: str) -> None:
         """Delete ``dataset``'s blocks from live workers (their MEM levels too) and from every
@@ -219,6 +227,7 @@ class Embedded:
                 store.delete_prefix(f"{dataset}/")
             finally:
                 store.close()
+        self._drop_file_tier(runtime)
 
     def refresh_status(self, kind: str, name: str, namespace: str = "default") -> dict | None:
         """Recompute and store the status of one resource from observations."""

@@ -2,7 +2,8 @@
 
 Namespace (stored manifest) -> UFS (mounts opened by the runtime's engine) -> tiered store (the
 runtime's levels, :mod:`.layout`) -> block source (in-process :class:`LocalBlockSource`, or the
-runtime's cache workers) -> :class:`DatasetClient`. Every host that reads calls this: the
+runtime's cache workers) -> :class:`DatasetClient`, with this node's file tier (complete file
+versions as contiguous files, :mod:`datacache.cache.filetier`). Every host that reads calls this: the
 embedded control plane, ``datacache://``, the FUSE daemon and the cache worker process.
 
 What only a control plane may do is passed in as two hooks, so that readers need none:
@@ -18,6 +19,7 @@ from typing import Callable
 from datacache.api.loader import load_resource_dict
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.disk import DiskTier
+from datacache.cache.filetier import FileTier
 from datacache.cache.memory import MemoryTier
 from datacache.cache.source import LocalBlockSource
 from datacache.cache.stats import HitStats
@@ -130,6 +132,15 @@ class ReadPath:
                                         level.high, level.low, level.mediumtype))
         return TieredStore(levels)
 
+    def file_tier(self, runtime) -> FileTier | None:
+        """``runtime``'s file tier on this node (:func:`.layout.file_tier`), or None when it is off.
+        Raises ``OSError`` if its directory cannot be made."""
+        where = layout.file_tier(self.home, runtime)
+        if where is None:
+            return None
+        spec = runtime.spec.tieredstore.file_tier
+        return FileTier(where[0], where[1], spec.high, spec.low)
+
     def hit_stats(self, runtime) -> HitStats:
         """``runtime``'s hit counters (shared by every process of this home)."""
         return HitStats(layout.stats_dir(self.home, runtime))
@@ -167,4 +178,5 @@ class ReadPath:
 
         return DatasetClient(name, manifest, source, ufs, save, readahead=runtime.spec.fuse.read_ahead_blocks,
                              load_manifest=lambda: self.load_manifest(ds), manifest_path=path,
-                             manifest_lock=lambda: syncmark.manifest_write(directory))
+                             manifest_lock=lambda: syncmark.manifest_write(directory),
+                             files=self.file_tier(runtime))

@@ -10,6 +10,7 @@ corrupt block on disk (never returned), and, for workers, a dead worker (a slowe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -19,10 +20,9 @@ import uuid
 
 import pytest
 
-from cluster_support import kill_worker, reap, worker_dirs
+from cluster_support import corrupt_block_files, kill_worker, reap, worker_dirs
 from datacache.cache.blocks import block_count, block_range
 from datacache.cache.blocksource import BlockSource
-from datacache.cache.disk import DiskTier
 from datacache.errors import StaleFileError
 from support import apply_dataset
 
@@ -82,18 +82,25 @@ def _open(stack):
     return client
 
 
+@contextlib.contextmanager
+def _reading(stack, size: int):
+    """A fresh object of ``size`` bytes and a client: ``(name, bytes, entry, source)``."""
+    name, data = _new_file(stack, size)
+    client = _open(stack)
+    try:
+        yield name, data, client.stat(name), client.source
+    finally:
+        client.close()
+
+
 def _block(data: bytes, index: int) -> bytes:
     a, b = block_range(index, len(data), BS)
     return data[a:b]
 
 
 def test_a_miss_is_filled_once_then_hits(stack):
-    name, data = _new_file(stack, 3 * BS + 100)
     proxy = stack[2]
-    client = _open(stack)
-    try:
-        entry = client.stat(name)
-        source = client.source
+    with _reading(stack, 3 * BS + 100) as (name, data, entry, source):
         assert source.block_size == BS and not source.is_cached(entry, 1)
         hits0, misses0 = source.hit_counts()
         assert bytes(source.get(entry, 1)) == _block(data, 1)
@@ -105,21 +112,16 @@ def test_a_miss_is_filled_once_then_hits(stack):
         assert proxy.object_gets(name) == gets + 1  # block 3 only: the hits read nothing
         hits, misses = source.hit_counts()
         assert (hits - hits0, misses - misses0) == (3, 2)
-    finally:
-        client.close()
 
 
 def test_concurrent_readers_of_a_cold_block_make_one_ufs_read(stack):
-    name, data = _new_file(stack, 2 * BS)
-    client = _open(stack)
-    try:
-        entry = client.stat(name)
+    with _reading(stack, 2 * BS) as (name, data, entry, source):
         got, errors, start = [], [], threading.Barrier(8)
 
         def read():
             try:
                 start.wait()
-                got.append(hashlib.sha256(bytes(client.source.get(entry, 0))).hexdigest())
+                got.append(hashlib.sha256(bytes(source.get(entry, 0))).hexdigest())
             except Exception as err:  # reported below
                 errors.append(err)
 
@@ -130,16 +132,11 @@ def test_concurrent_readers_of_a_cold_block_make_one_ufs_read(stack):
             t.join(60)
         assert not errors and got == [hashlib.sha256(_block(data, 0)).hexdigest()] * 8
         assert stack[2].object_gets(name) == 1
-        assert client.source.budget.used == 0
-    finally:
-        client.close()
+        assert source.budget.used == 0
 
 
 def test_fill_stores_each_missing_block_once(stack):
-    name, data = _new_file(stack, 5 * BS + 7)
-    client = _open(stack)
-    try:
-        entry, source = client.stat(name), client.source
+    with _reading(stack, 5 * BS + 7) as (name, data, entry, source):
         n = block_count(entry.size, BS)
         assert bytes(source.get(entry, 2)) == _block(data, 2)
         assert source.fill(entry, 0, n - 1) == len(data) - len(_block(data, 2))
@@ -149,15 +146,10 @@ def test_fill_stores_each_missing_block_once(stack):
         assert b"".join(bytes(source.get(entry, i)) for i in range(n)) == data
         assert stack[2].object_gets(name) == gets
         assert source.budget.used == 0
-    finally:
-        client.close()
 
 
 def test_read_ahead_stays_within_the_budget(stack):
-    name, data = _new_file(stack, 3 * BS)
-    client = _open(stack)
-    try:
-        entry, source = client.stat(name), client.source
+    with _reading(stack, 3 * BS) as (name, data, entry, source):
         budget = source.budget
         assert budget.acquire(budget.limit, blocking=False)  # no room at all
         try:
@@ -175,8 +167,6 @@ def test_read_ahead_stays_within_the_budget(stack):
         assert bytes(source.get(entry, 1)) == _block(data, 1)
         assert stack[2].object_gets(name) == 1
         assert budget.used == 0 and budget.peak <= budget.limit
-    finally:
-        client.close()
 
 
 def test_a_changed_object_never_serves_new_bytes_for_the_old_version(stack):
@@ -209,24 +199,9 @@ def _cache_dirs(stack) -> list[str]:
 
 
 def test_a_corrupt_block_on_disk_is_never_returned(stack):
-    name, data = _new_file(stack, 2 * BS)
-    client = _open(stack)
-    try:
-        entry, source = client.stat(name), client.source
+    with _reading(stack, 2 * BS) as (name, data, entry, source):
         source.fill(entry, 0, 1)
-        key = str(source.key(entry, 0))
-        damaged = 0
-        for path in _cache_dirs(stack):
-            tier = DiskTier(path, 1 << 40)
-            block_file = tier.block_file(key)
-            tier.close()
-            if block_file:
-                with open(block_file, "r+b") as f:
-                    f.write(b"\xff" * 64)
-                damaged += 1
-        assert damaged >= 1
-    finally:
-        client.close()
+        assert corrupt_block_files(_cache_dirs(stack), str(source.key(entry, 0))) >= 1
     client = _open(stack)  # a new reader: nothing of the block in memory
     try:
         assert bytes(client.source.get(entry, 0)) == _block(data, 0)
@@ -237,13 +212,8 @@ def test_a_corrupt_block_on_disk_is_never_returned(stack):
 @pytest.mark.parametrize("stack", ["workers"], indirect=True)  # in-process: no worker to kill
 def test_a_dead_worker_makes_a_read_slower_not_failed(stack):
     home = stack[5]
-    name, data = _new_file(stack, 4 * BS)
-    client = _open(stack)
-    try:
-        entry, source = client.stat(name), client.source
+    with _reading(stack, 4 * BS) as (name, data, entry, source):
         source.fill(entry, 0, 3)
         owner = source.router.candidates(str(source.key(entry, 0)))[0]
         kill_worker(home, "contract", owner.worker_id)
         assert b"".join(bytes(source.get(entry, i)) for i in range(4)) == data
-    finally:
-        client.close()
