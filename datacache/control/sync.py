@@ -12,10 +12,13 @@ The namespace is never held in Python objects, whatever the number of files:
 2. The diff is a merge join of the old and the new manifest's (path, version) columns read batch
    by batch (``manifest.diff_batches``); every change goes to ``diff.parquet`` beside the manifest
    and the returned ManifestDiff keeps the counts and the first ``DIFF_LIMIT`` paths of each kind.
-3. A file whose path is also a directory (object keys ``x`` and ``x/y``) is left out: a directory and a
-   file cannot share a name, and the directory wins, as in Mountpoint for Amazon S3 (its
-   doc/SEMANTICS.md: "Files will be shadowed by directories with the same name"). Two passes over
-   the path column find them; the file is rewritten only when there are some.
+3. A file whose path is also a directory (object keys ``x`` and ``x/y``, or ``x`` and a directory
+   marker ``x/``) is left out: a directory and a file cannot share a name, and the directory wins,
+   as in Mountpoint for Amazon S3 (its doc/SEMANTICS.md: "Files will be shadowed by directories
+   with the same name"). A directory row (an empty directory or a marker, path ending in '/', see
+   :mod:`datacache.manifest`) with anything listed below it is left out too: the directory is
+   implied by its contents. Two passes over the path column find them; the file is rewritten
+   only when there are some.
 4. The new manifest replaces the old one atomically (rename), once the diff is written.
 
 Memory: O(BATCH_ROWS + MERGE_FANIN × MERGE_ROWS) rows (more runs are merged in passes), plus the set
@@ -37,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from datacache.entry import FileEntry
-from datacache.manifest import (BATCH_ROWS, DIFF_LIMIT, SCHEMA, ManifestDiff, aligned_batches, diff_batches,
+from datacache.manifest import (BATCH_ROWS, DIFF_LIMIT, DIR, SCHEMA, ManifestDiff, aligned_batches, diff_batches,
                                 entries_table)
 from datacache.control import syncmark
 
@@ -105,26 +108,36 @@ def _read(path: str, rows: int, columns: list[str] | None = None) -> Iterator[pa
 
 
 def _drop_shadowed(path: str, work: str, batch_rows: int) -> tuple[int, tuple[str, ...]]:
-    """Leave out of the sorted manifest file ``path`` every file whose path is also a directory
-    (step 3 of the module's docstring). Returns ``(how many, the first DIFF_LIMIT of them)``."""
-    dirs: set[str] = set()
+    """Leave out of the sorted manifest file ``path`` every file whose path is also a directory,
+    and every directory row with something below it (step 3 of the module's docstring). Returns
+    ``(how many files, the first DIFF_LIMIT of them)``."""
+    parents: set[str] = set()  # directories with something listed below them
+    doomed: set[str] = set()  # paths to leave out: files named as a directory row ('x' for 'x/'), ...
     for batch in _read(path, batch_rows, ["path"]):
         paths = batch.column(0)
+        dir_rows = pc.ends_with(paths, DIR)
+        doomed.update(pc.utf8_slice_codeunits(pc.filter(paths, dir_rows), 0, -1).to_pylist())
+        paths = pc.if_else(dir_rows, pc.utf8_slice_codeunits(paths, 0, -1), paths)  # 'd/' is below 'd' as 'd/x' is
         nested = pc.filter(paths, pc.match_substring(paths, "/"))
         for parent in pc.unique(pc.replace_substring_regex(nested, pattern="/[^/]*$", replacement="")).to_pylist():
-            while parent and parent not in dirs:  # a directory's ancestors are directories too
-                dirs.add(parent)
+            while parent and parent not in parents:  # a directory's ancestors are directories too
+                parents.add(parent)
                 parent = parent.rpartition("/")[0]
-    if not dirs:
+    # ... and files named as a directory with something below it ('x' for 'x/y'), and its row ('x/')
+    doomed |= parents
+    doomed.update(p + DIR for p in parents)
+    if not doomed:
         return 0, ()
-    value_set = pa.array(sorted(dirs), SCHEMA.field("path").type)
+    value_set = pa.array(sorted(doomed), SCHEMA.field("path").type)
     found: list[str] = []
-    count = 0
+    count = rows_left_out = 0
     for batch in _read(path, batch_rows, ["path"]):
         hit = pc.filter(batch.column(0), pc.is_in(batch.column(0), value_set=value_set))
-        count += len(hit)
-        found.extend(hit.to_pylist()[:DIFF_LIMIT - len(found)])
-    if count:
+        rows_left_out += len(hit)
+        files = pc.filter(hit, pc.invert(pc.ends_with(hit, DIR)))
+        count += len(files)
+        found.extend(files.to_pylist()[:DIFF_LIMIT - len(found)])
+    if rows_left_out:
         kept = os.path.join(work, "unshadowed.parquet")
         with pq.ParquetWriter(kept, SCHEMA) as writer:
             for batch in _read(path, batch_rows):
@@ -158,7 +171,8 @@ def _sorted_unique(table: pa.Table, dropped: _Dropped) -> pa.Table:
     if len(paths) > 1:
         keep = pc.not_equal(paths[:-1], paths[1:])
         if not pc.all(keep).as_py():
-            dropped.note(pc.filter(paths[:-1], pc.invert(keep)).combine_chunks())
+            twins = pc.filter(paths[:-1], pc.invert(keep)).combine_chunks()
+            dropped.note(pc.filter(twins, pc.invert(pc.ends_with(twins, DIR))))  # a directory twice is no loss
             table = table.filter(pa.concat_arrays([keep.combine_chunks(), pa.array([True])]))
     return table
 
@@ -195,9 +209,10 @@ def _write_runs(files: Iterable[FileEntry], work: str, on_progress: Progress | N
     pending: list[pa.Table] = []
     rows = listed = 0
     while chunk := list(itertools.islice(it, LIST_CHUNK)):
-        pending.append(entries_table(chunk))
+        table = entries_table(chunk)
+        pending.append(table)
         rows += len(chunk)
-        listed += len(chunk)
+        listed += len(chunk) - pc.sum(pc.ends_with(table.column("path"), DIR)).as_py()  # files, not directories
         if on_progress is not None:
             on_progress(listed)
         if rows >= batch_rows:
