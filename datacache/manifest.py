@@ -76,7 +76,9 @@ class ManifestDiff:
     same path (see :func:`datacache.control.sync.sync_manifest`); ``shadowed_paths``: the first
     ``DIFF_LIMIT`` of them. ``duplicates``: files of the listing dropped because a later one has the
     same dataset path (object keys that normalise alike: ``a//b`` and ``a/b``);
-    ``duplicate_paths``: those paths (the first ``DIFF_LIMIT`` dropped). ``refreshed``: paths readers found changed and refreshed since the last
+    ``duplicate_paths``: those paths (the first ``DIFF_LIMIT`` dropped). ``links``: symbolic links
+    of POSIX sources the listing skipped (not followed); ``link_paths``: the first ``DIFF_LIMIT``
+    of them. ``refreshed``: paths readers found changed and refreshed since the last
     sync (:mod:`datacache.control.refreshed`), so this diff no longer counts them as changed.
     """
 
@@ -89,6 +91,8 @@ class ManifestDiff:
     shadowed_paths: tuple[str, ...] = ()
     duplicates: int = 0
     duplicate_paths: tuple[str, ...] = ()
+    links: int = 0
+    link_paths: tuple[str, ...] = ()
     refreshed: tuple[str, ...] = ()
 
     def __post_init__(self):

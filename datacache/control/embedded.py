@@ -584,7 +584,7 @@ def _same_spec(old: dict, new: dict) -> bool:
 def _hidden_messages(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -> list[str]:
     """What a sync left out of the listing (naming the first ``shown_at_most`` dataset paths), and
     how to reach it: files shadowed by a directory of the same path, files dropped for a later
-    one with the same path."""
+    one with the same path, symbolic links (not followed)."""
     def shown(paths: tuple[str, ...], n: int) -> str:
         return ", ".join(paths[:shown_at_most]) + (", ..." if n > shown_at_most else "")
 
@@ -599,4 +599,10 @@ def _hidden_messages(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -
         messages.append(f"dataset {dataset}: {n} {files} hidden by another whose name normalises to the same "
                         f"dataset path (object keys like a//b and a/b; the one listed last is kept): "
                         f"{shown(diff.duplicate_paths, len(diff.duplicate_paths))}")
+    if n := diff.links:
+        links, targets, them = ("symbolic link", "its target", "it") if n == 1 else ("symbolic links", "their targets",
+                                                                                  "them")
+        messages.append(f"dataset {dataset}: {n} {links} skipped (links are not followed, whether valid, dangling, "
+                        f"looping or leading out of the mount): {shown(diff.link_paths, n)}; to read {targets}, "
+                        f"copy {them} into the source or add the directory holding {them} as another mount")
     return messages

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from datacache.entry import FileEntry
+from datacache.entry import FileEntry, SkippedLink
 from datacache.manifest import (BATCH_ROWS, DIFF_LIMIT, DIR, SCHEMA, ManifestDiff, aligned_batches, diff_batches,
                                 entries_table)
 from datacache.control import syncmark
@@ -55,14 +55,15 @@ Progress = Callable[[int], None]
 """``on_progress(files_listed)``: called after every chunk of (up to) LIST_CHUNK files."""
 
 
-def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: Progress | None = None,
+def sync_manifest(files: Iterable[FileEntry | SkippedLink], manifest_path: str, on_progress: Progress | None = None,
                   batch_rows: int = BATCH_ROWS) -> ManifestDiff:
     """Write the manifest of ``files`` (any order) to ``manifest_path`` (Parquet, sorted by path,
     mode 0600, replaced atomically) and return the diff from the manifest stored there before (an
     empty one counts as nothing: every file is added). The full diff is written to ``diff.parquet``
     in the same directory (``ManifestDiff.file``), replaced by the next sync. Files shadowed by a
     directory of the same path are left out and counted (``ManifestDiff.shadowed``), and so are
-    files dropped for a later one with the same dataset path (``ManifestDiff.duplicates``).
+    files dropped for a later one with the same dataset path (``ManifestDiff.duplicates``) and
+    the symbolic links the listing skipped (``ManifestDiff.links``).
 
     Errors of the listing (``ResourceError`` from ``list_files``) propagate and leave the stored
     manifest as it was. Temporary files live in a 0700 directory beside the manifest.
@@ -71,8 +72,8 @@ def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: P
     work = tempfile.mkdtemp(prefix=".sync-", dir=directory)
     try:
         new_path = os.path.join(work, "manifest.parquet")
-        dropped = _Dropped()
-        runs = _write_runs(files, work, on_progress, batch_rows, dropped)
+        dropped, links = _Noted(), _Noted()
+        runs = _write_runs(files, work, on_progress, batch_rows, dropped, links)
         while len(runs) > MERGE_FANIN:  # merge in passes, so memory stays one row group per open run
             runs = [_merge_runs(runs[i:i + MERGE_FANIN], os.path.join(work, f"merged-{len(runs)}-{i}.parquet"),
                                 MERGE_ROWS, dropped) for i in range(0, len(runs), MERGE_FANIN)]
@@ -89,7 +90,8 @@ def sync_manifest(files: Iterable[FileEntry], manifest_path: str, on_progress: P
         # Written in the private work directory first: two syncs at once never share a file.
         diff = dataclasses.replace(diff, file=os.path.join(directory, DIFF_FILE), shadowed=shadowed,
                                    shadowed_paths=shadowed_paths, duplicates=dropped.count,
-                                   duplicate_paths=tuple(sorted(set(dropped.paths))))
+                                   duplicate_paths=tuple(sorted(set(dropped.paths))), links=links.count,
+                                   link_paths=tuple(sorted(links.paths)))
         os.replace(os.path.join(work, DIFF_FILE), diff.file)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -151,19 +153,21 @@ def _path_versions(path: str) -> Iterator[pa.RecordBatch]:
     return _read(path, BATCH_ROWS, ["path", "version"])
 
 
-class _Dropped:
-    """Files of the listing dropped because a later one has the same dataset path (object keys
-    that normalise alike: ``a//b`` and ``a/b``): how many, and the first DIFF_LIMIT."""
+class _Noted:
+    """Paths of the listing left out for one reason (files dropped because a later one has the
+    same dataset path, object keys like ``a//b`` and ``a/b``; symbolic links): how many, and the
+    first DIFF_LIMIT."""
 
     def __init__(self):
         self.count, self.paths = 0, []
 
-    def note(self, paths: pa.Array) -> None:
+    def note(self, paths: pa.Array | list[str]) -> None:
         self.count += len(paths)
-        self.paths.extend(paths[:max(DIFF_LIMIT - len(self.paths), 0)].to_pylist())
+        kept = paths[:max(DIFF_LIMIT - len(self.paths), 0)]
+        self.paths.extend(kept if isinstance(kept, list) else kept.to_pylist())
 
 
-def _sorted_unique(table: pa.Table, dropped: _Dropped) -> pa.Table:
+def _sorted_unique(table: pa.Table, dropped: _Noted) -> pa.Table:
     """``table`` sorted by path; of equal paths the last one is kept (sort_by is stable), the
     others noted in ``dropped``."""
     table = table.sort_by("path")
@@ -200,15 +204,19 @@ class _Runs:
             self._writer.close()
 
 
-def _write_runs(files: Iterable[FileEntry], work: str, on_progress: Progress | None,
-                batch_rows: int, dropped: _Dropped) -> list[str]:
-    """Sorted runs of ``files`` as Parquet files in ``work``; at least one (maybe empty). Python
-    objects exist for LIST_CHUNK files at a time; batches wait in Arrow until ``batch_rows``."""
+def _write_runs(files: Iterable[FileEntry | SkippedLink], work: str, on_progress: Progress | None,
+                batch_rows: int, dropped: _Noted, links: _Noted) -> list[str]:
+    """Sorted runs of ``files`` as Parquet files in ``work``; at least one (maybe empty); skipped
+    links are noted in ``links``. Python objects exist for LIST_CHUNK files at a time; batches
+    wait in Arrow until ``batch_rows``."""
     runs = _Runs(work)
     it = iter(files)
     pending: list[pa.Table] = []
     rows = listed = 0
     while chunk := list(itertools.islice(it, LIST_CHUNK)):
+        if skipped := [e.path for e in chunk if isinstance(e, SkippedLink)]:
+            links.note(skipped)
+            chunk = [e for e in chunk if not isinstance(e, SkippedLink)]
         table = entries_table(chunk)
         pending.append(table)
         rows += len(chunk)
@@ -224,7 +232,7 @@ def _write_runs(files: Iterable[FileEntry], work: str, on_progress: Progress | N
     return runs.paths
 
 
-def _merge_runs(runs: list[str], out: str, batch_rows: int, dropped: _Dropped) -> str:
+def _merge_runs(runs: list[str], out: str, batch_rows: int, dropped: _Noted) -> str:
     """K-way merge of sorted runs into one sorted Parquet file ``out`` (row groups of
     ``batch_rows``), unique paths; returns ``out``. Each step of
     ``aligned_batches`` is a slice of every run below a common frontier, so concatenating the slices

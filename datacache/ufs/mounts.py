@@ -22,7 +22,7 @@ from fsspec.core import url_to_fs
 from fsspec.registry import known_implementations, registry
 
 from datacache.api.models import plugin_schemes
-from datacache.entry import FileEntry
+from datacache.entry import FileEntry, SkippedLink
 from datacache.errors import ResourceError
 from datacache.manifest import DIR, normalize
 from datacache.ufs.credentials import redact, resolve_options
@@ -95,7 +95,7 @@ class UnionNamespace:
             raise ResourceError(redact(f"{where}: cannot open mountPoint {m.mount_point!r}: {err} (check the "
                                        "mountPoint and its options)", self.secrets)) from None
 
-    def list_files(self) -> Iterator[FileEntry]:
+    def list_files(self) -> Iterator[FileEntry | SkippedLink]:
         """Every file of every mount, with its version, streamed: memory holds one listing page
         (S3) or one directory (other filesystems), never the whole listing. Order: S3 mounts in
         key order, others directory by directory (``control.sync`` sorts).
@@ -104,7 +104,7 @@ class UnionNamespace:
         :mod:`datacache.manifest`): each directory of a walked source, each directory marker of an
         object store (a key ``valid/``), and the mount's own ``path`` (so an empty mount shows).
         Symbolic links of a POSIX source are not followed (valid, dangling, looping or leading out
-        of the mount alike).
+        of the mount alike): each comes as a :class:`SkippedLink`, for the sync to name.
 
         Raises :class:`ResourceError` naming the dataset, the mount and its mountPoint when a mount
         cannot be listed (missing root, unreachable endpoint, bad credentials); secret values are
@@ -120,10 +120,13 @@ class UnionNamespace:
                         if path:  # not the mount's root (its row comes last)
                             yield FileEntry(path + DIR, mount.name, ufs_path, 0, mtime_of(info), "")
                         continue
-                    if kind != "file":  # links, sockets, FIFOs, devices
+                    if kind != "file" and not info.get("islink"):  # sockets, FIFOs, devices
                         continue
                     path = _namespace_path(mount, ufs_path, where)
                     if path is None:
+                        continue
+                    if info.get("islink"):  # fsspec's local info: type 'other' for every link
+                        yield SkippedLink(path, mount.name, ufs_path)
                         continue
                     if info.get("size") is None:  # listings that give no size (HTTP index pages)
                         info = mount.fs.info(ufs_path)
