@@ -67,7 +67,8 @@ _FOUND_ENTRIES = 16384  # recent lookups kept (~5 MiB): a warm epoch's hits skip
 @dataclass(frozen=True)
 class ManifestDiff:
     """Dataset paths ``added``, ``changed`` (new version) and ``deleted`` between two manifests,
-    each sorted.
+    each sorted; a path ending in '/' is a directory with nothing below it that appeared or
+    vanished (see :func:`diff_batches`).
 
     A diff made by a metadata sync keeps at most ``DIFF_LIMIT`` paths of each kind in memory; then
     ``counts`` gives the true numbers ``(added, changed, deleted)`` and ``file`` the Parquet file
