@@ -212,7 +212,7 @@ class DatasetClient:
         fresh = self._load()
         with self._lock:
             self._stamp = stamp
-            if fresh is None or fresh.table.equals(self._manifest.table):
+            if fresh is None or fresh.equals(self._manifest):
                 return False
             old, self._manifest = self._manifest, fresh
             self.generation += 1

@@ -430,7 +430,8 @@ class DatasetSpec(_Model):
 class CacheStates(_Model):
     """Cache figures shown by ``datacache get datasets`` (sizes as formatted by ``format_bytes``)."""
 
-    cached: str | None = None
+    cached: str | None = None  # the current versions' blocks
+    old_versions_cached: str | None = None  # blocks of versions no manifest names now, until evicted
     cache_capacity: str | None = None
     cached_percentage: str | None = None
     cache_hit_ratio: str | None = None

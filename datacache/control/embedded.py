@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from datacache import private
 from datacache.api.loader import load_resource_dict, to_document
 from datacache.api.models import RUNTIME_PLUGIN_GROUP, CacheRuntime, Dataset, DataLoad, ThinRuntime, plugin_schemes
+from datacache.api.quantity import format_bytes
 from datacache.cache.disk import DiskTier
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
@@ -233,7 +234,10 @@ class Embedded:
         """Recompute and store the status of one resource from observations."""
         previous = (self.state.get(kind, name, namespace) or {}).get("status") or {}
         if kind == "Dataset":
-            status = reconcile.dataset_status(self._observe(self.get(kind, name, namespace)))
+            obs, old_versions = self._observe(self.get(kind, name, namespace))
+            status = reconcile.dataset_status(obs)
+            if old_versions is not None:  # blocks no manifest names any more, until evicted (see README)
+                status["cacheStates"]["oldVersionsCached"] = format_bytes(old_versions)
         elif kind in ("CacheRuntime", "ThinRuntime"):
             rt = self.get(kind, name, namespace)
             if distributed(rt):
@@ -398,9 +402,10 @@ class Embedded:
         return fired
 
     # -- internals -------------------------------------------------------------------------------
-    def _observe(self, ds: Dataset) -> reconcile.DatasetObservation:
+    def _observe(self, ds: Dataset) -> tuple[reconcile.DatasetObservation, int | None]:
         """The dataset's figures from the manifest and one scan of the stores' indexes (see
-        :mod:`.observe`); opens no UFS, so it needs no credentials."""
+        :mod:`.observe`), and the bytes of its blocks of versions the manifest no longer names
+        (None when unknown); opens no UFS, so it needs no credentials."""
         runtime = self.runtime_for(ds)
         manifest = self.load_manifest(ds)
         directory = self._dataset_dir(ds)
@@ -409,28 +414,29 @@ class Embedded:
                      file_num=manifest.file_num if manifest else 0,
                      ufs_total=manifest.total_size if manifest else 0)
         if runtime is None or manifest is None:
-            return reconcile.DatasetObservation(**known)
+            return reconcile.DatasetObservation(**known), None
         name = ds.metadata.name
         held: set[str] = set()
-        capacity = 0
+        capacity = stored = 0
         try:
             for store in self._stores(runtime):
                 try:
                     held.update(observe.store_keys(store))
+                    stored += observe.stored_bytes(store, f"{name}/")
                     capacity += store.capacity
                 finally:
                     store.close()
         except OSError as err:  # a cache directory that cannot be opened
-            return reconcile.DatasetObservation(**known, error=f"cache unreadable: {err}")
+            return reconcile.DatasetObservation(**known, error=f"cache unreadable: {err}"), None
         stats = self._stats(runtime)
         try:
             hits, misses = stats.get(name)
             remote = stats.remote_hits(name)
         finally:
             stats.close()
-        return reconcile.DatasetObservation(
-            **known, cached=observe.cached_bytes(manifest, held, name, runtime.spec.block_size_bytes),
-            capacity=capacity, hits=hits, misses=misses, remote_hits=remote)
+        cached = observe.cached_bytes(manifest, held, name, runtime.spec.block_size_bytes)
+        return reconcile.DatasetObservation(**known, cached=cached, capacity=capacity, hits=hits, misses=misses,
+                                            remote_hits=remote), max(stored - cached, 0)
 
     def _stores(self, runtime):
         """The stores holding ``runtime``'s blocks now: its in-process store, or each ready
@@ -538,7 +544,7 @@ def _same_spec(old: dict, new: dict) -> bool:
 def _hidden_messages(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -> list[str]:
     """What a sync left out of the listing (naming the first ``shown_at_most`` dataset paths), and
     how to reach it: files shadowed by a directory of the same path, files dropped for a later
-    one with the same path."""
+    one with the same path, symbolic links (not followed)."""
     def shown(paths: tuple[str, ...], n: int) -> str:
         return ", ".join(paths[:shown_at_most]) + (", ..." if n > shown_at_most else "")
 
@@ -553,4 +559,10 @@ def _hidden_messages(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -
         messages.append(f"dataset {dataset}: {n} {files} hidden by another whose name normalises to the same "
                         f"dataset path (object keys like a//b and a/b; the one listed last is kept): "
                         f"{shown(diff.duplicate_paths, len(diff.duplicate_paths))}")
+    if n := diff.links:
+        links, targets, them = ("symbolic link", "its target", "it") if n == 1 else ("symbolic links", "their targets",
+                                                                                  "them")
+        messages.append(f"dataset {dataset}: {n} {links} skipped (links are not followed, whether valid, dangling, "
+                        f"looping or leading out of the mount): {shown(diff.link_paths, n)}; to read {targets}, "
+                        f"copy {them} into the source or add the directory holding {them} as another mount")
     return messages
