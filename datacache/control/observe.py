@@ -44,6 +44,13 @@ def cached_bytes(manifest: Manifest, stored: set[str], dataset: str, block_size:
                for key, length in zip(keys, lengths) if key in stored)
 
 
+def stored_bytes(store, prefix: str) -> int:
+    """Bytes of the blocks whose keys start with ``prefix`` on every level of a TieredStore that
+    can sum them (disk levels, as :func:`store_keys`): every version's, not only the current.
+    Sums the index: run :func:`store_keys` first, which drops the rows of lost block files."""
+    return sum(level.prefix_bytes(prefix) for level in store.levels if hasattr(level, "prefix_bytes"))
+
+
 def store_keys(store) -> Iterable[str]:
     """Keys of the blocks really held by every level of a TieredStore that can list them (disk
     levels: a block counts when its file is there at its indexed size, one ``stat`` each, so
