@@ -114,6 +114,47 @@ def test_warmups_in_several_processes_fetch_each_block_once(datacache_home, moto
         client.close()
 
 
+_TIGHT_READERS = """
+import hashlib, os, sys, threading, time
+from datacache.control.embedded import Embedded
+from datacache.stack import readpath
+readpath.READAHEAD_BUDGET = 3 << 20  # fewer blocks than the threads' fills and read-ahead want
+home, go = sys.argv[1], sys.argv[2]
+client = Embedded(home).open_dataset("tight")
+names = sorted(e.path for e in client.manifest)
+got = {}
+def read(name):
+    h = hashlib.sha256()
+    with client.open(name) as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    got[name] = h.hexdigest()
+while not os.path.exists(go):
+    time.sleep(0.005)
+threads = [threading.Thread(target=read, args=(n,), daemon=True) for n in names]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(60)
+print(" ".join(got.get(n, "unfinished") for n in names))
+os._exit(0)  # a reader still stuck would keep the process alive
+"""
+
+
+def test_processes_with_tight_memory_budgets_reading_cold_files_never_deadlock(datacache_home, tmp_path):
+    """Fill locks are taken after the memory budget: three processes whose readers wait for their
+    budgets while the others' fills hold the blocks' locks all finish (the deadlock of ba67fe1,
+    now across processes)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {f"f{i}.bin": os.urandom(8 << 20) for i in range(4)}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    apply_dataset(datacache_home, "tight", [{"name": "local", "mountPoint": str(src)}], block_size="1Mi").close()
+    outs = _in_processes(3, _TIGHT_READERS, datacache_home, tmp_path / "go")
+    assert outs == [" ".join(sha(files[n]) for n in sorted(files))] * 3
+
+
 def test_warmup_and_reads_race_with_a_sync_that_overwrites_files(datacache_home, moto_secrets, fault_moto,
                                                                    bucket_of):
     rng = random.Random(9)
