@@ -16,7 +16,7 @@ from concurrent import futures
 import fsspec
 import pytest
 
-from datacache.control import embedded
+from datacache.stack import readpath
 from support import apply_dataset, s3_mount
 
 MiB = 1 << 20
@@ -119,7 +119,7 @@ def test_readers_waiting_for_the_memory_budget_never_deadlock(datacache_home, tm
     """More cold files read at once than the budget has blocks for: a demand read that must wait
     for the budget waits outside the lock that finishing fills take to give theirs back (it hung
     for good: every fill blocked on that lock, the reader on the budget)."""
-    monkeypatch.setattr(embedded, "READAHEAD_BUDGET", 6 * MiB)
+    monkeypatch.setattr(readpath, "READAHEAD_BUDGET", 6 * MiB)
     src, sums = _cold_files(tmp_path, 6, 24 * MiB)
     plane = apply_dataset(datacache_home, "tight", [{"name": "local", "mountPoint": src}], block_size="1Mi")
     client = plane.open_dataset("tight")
@@ -146,7 +146,7 @@ def test_readers_waiting_for_the_memory_budget_never_deadlock(datacache_home, tm
 def test_a_load_ahead_the_budget_had_no_room_for_is_not_held(datacache_home, tmp_path, monkeypatch):
     """FUSE serves a read of a held block on its event loop: a load ahead that gave up for lack of
     budget must not count as held, else the loop itself would do the disk or UFS read."""
-    monkeypatch.setattr(embedded, "READAHEAD_BUDGET", MiB)  # a hold needs half the budget free: never here
+    monkeypatch.setattr(readpath, "READAHEAD_BUDGET", MiB)  # a hold needs half the budget free: never here
     src, _ = _cold_files(tmp_path, 1, 8 * MiB)
     data = open(os.path.join(src, "f0.bin"), "rb").read()
     plane = apply_dataset(datacache_home, "nohold", [{"name": "local", "mountPoint": src}], block_size="1Mi")
