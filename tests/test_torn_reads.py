@@ -8,10 +8,12 @@ without an ETag is checked the same way with a HEAD after the body.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import threading
 import time
+from hashlib import sha256
 
 import pytest
 
@@ -78,73 +80,143 @@ def test_rewrite_between_the_two_halves_of_a_read_is_stale_not_cached(datacache_
     plane.close()
 
 
-def test_readers_filling_while_a_file_is_rewritten_in_place_never_see_two_versions(datacache_home, tmp_path):
-    """Real rewrites: one thread rewrites a file in place, version after version, while readers
-    fill its blocks; every read returns one whole version and no stored block mixes two."""
-    src = tmp_path / "src"
-    src.mkdir()
-    size = 4 * BIG
-    assert block_count(size, BIG) == 4
-    versions = [bytes([v]) * size for v in range(4)]  # a torn block holds two different byte values
-    (src / "f.bin").write_bytes(versions[0])
-    plane = _local_dataset(datacache_home, src, "256Ki")
-    clients = [plane.open_dataset("torn") for _ in range(3)]
-    ufs_path = clients[0].stat("f.bin").ufs_path
+def _race(clients, ufs_path: str, nblocks: int, write_next, on_blocks, seconds: float = 6.0) -> dict:
+    """Run ``write_next()`` in a loop in one thread (a short random pause after each call) while
+    each client's thread takes the file's version as a sync would and reads its ``nblocks``
+    blocks through the block source, calling ``on_blocks(entry, blocks)`` with the blocks read
+    before a version change made the read stale. Returns the counters."""
     stop = threading.Event()
-    whole = {v[:BIG] for v in versions}
-    counts = {"blocks": 0, "files": 0, "stale": 0, "torn blocks": 0, "mixed files": 0}
+    counts = {"blocks": 0, "files": 0, "stale": 0}
     errors: list[BaseException] = []
 
     def writer():
-        # Each version in one write (several writes would leave states mixing two versions that a
-        # reader may legitimately see whole: the GIL can pause this thread between them), then a
-        # pause: fills land both during and between writes.
-        fd = os.open(src / "f.bin", os.O_WRONLY)
         rand = random.Random(18)
-        try:
-            v = 0
-            while not stop.is_set():
-                v = (v + 1) % len(versions)
-                os.pwrite(fd, versions[v], 0)
-                time.sleep(rand.uniform(0.0005, 0.01))
-        finally:
-            os.close(fd)
+        while not stop.is_set():
+            write_next()
+            time.sleep(rand.uniform(0.0005, 0.01))  # fills land both during and between writes
 
     def reader(client):
         try:
             while not stop.is_set():
-                entry = client.ufs.stat("local", ufs_path)  # the version now, as a sync takes it
+                entry = client.ufs.stat("local", ufs_path)
                 blocks = []
                 try:
-                    for i in range(block_count(size, BIG)):
+                    for i in range(nblocks):
                         blocks.append(bytes(client.source.get(entry, i)))
                 except StaleFileError:
                     counts["stale"] += 1
                 counts["blocks"] += len(blocks)
-                counts["torn blocks"] += sum(b not in whole for b in blocks)
-                if len(blocks) == block_count(size, BIG):
-                    counts["files"] += 1
-                    counts["mixed files"] += b"".join(blocks) not in versions
+                counts["files"] += len(blocks) == nblocks
+                on_blocks(entry, blocks)
         except BaseException as err:  # noqa: BLE001 - reported by the test thread
             errors.append(err)
 
     threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader, args=(c,)) for c in clients]
     for t in threads:
         t.start()
-    time.sleep(6.0)
+    time.sleep(seconds)
     stop.set()
     for t in threads:
         t.join(30)
     assert not errors, errors
     assert counts["blocks"] > 400 and counts["files"] > 10 and counts["stale"] > 10, counts  # it raced
-    assert counts["torn blocks"] == 0 and counts["mixed files"] == 0, counts
-    # Every block the cache holds is one whole version's bytes.
+    return counts
+
+
+def _racing_dataset(home, src, data: bytes):
+    (src / "f.bin").write_bytes(data)
+    plane = _local_dataset(home, src, "256Ki")
+    clients = [plane.open_dataset("torn") for _ in range(3)]
+    return plane, clients, clients[0].stat("f.bin").ufs_path
+
+
+def test_readers_filling_while_a_file_is_rewritten_in_place_never_see_two_versions(datacache_home, tmp_path):
+    """Real rewrites: one thread rewrites a file in place with whole versions (one ``pwrite``
+    each) while three readers fill its blocks; every block and every whole read is one version,
+    and so is every block the cache holds."""
+    src = tmp_path / "src"
+    src.mkdir()
+    size = 4 * BIG
+    versions = [bytes([v]) * size for v in range(4)]  # a torn block holds two different byte values
+    whole = {v[:BIG] for v in versions}
+    plane, clients, ufs_path = _racing_dataset(datacache_home, src, versions[0])
+    fd = os.open(src / "f.bin", os.O_WRONLY)
+    turn = [0]
+    bad = {"torn blocks": 0, "mixed files": 0}
+
+    def write_next():
+        turn[0] += 1
+        os.pwrite(fd, versions[turn[0] % len(versions)], 0)
+
+    def on_blocks(entry, blocks):
+        bad["torn blocks"] += sum(b not in whole for b in blocks)
+        bad["mixed files"] += len(blocks) == 4 and b"".join(blocks) not in versions
+
+    try:
+        _race(clients, ufs_path, 4, write_next, on_blocks)
+    finally:
+        os.close(fd)
+    assert bad == {"torn blocks": 0, "mixed files": 0}
     store = clients[0].source.store
     keys = [k for k in store_keys(store) if k.startswith("torn/")]
     assert keys
     for key in keys:
         data = store.get(key)
         assert data is None or bytes(data) in whole, f"stored block {key} mixes versions"
+    for c in clients:
+        c.close()
+    plane.close()
+
+
+def test_blocks_read_under_a_version_are_that_versions_bytes_with_a_two_write_writer(datacache_home, tmp_path):
+    """The issue's writer: each version written in two writes, the second half first, so the
+    file also passes through states mixing two versions (each with its own ctime). Whatever
+    state a reader took the version of, every block it got, and every block the cache holds
+    under that version's key, is that state's bytes (before the fix: blocks cached under the old
+    version's key held bytes written after it: 2-3 of ~3,000 block reads here)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    size = 4 * BIG
+    half = size // 2
+    state = bytearray(size)
+    plane, clients, ufs_path = _racing_dataset(datacache_home, src, bytes(state))
+    ufs = clients[0].ufs
+    digests: dict[str, list[str]] = {}  # version -> sha256 of each of its blocks
+
+    def record():
+        digests[ufs.stat("local", ufs_path).version] = [sha256(state[i:i + BIG]).hexdigest()
+                                                         for i in range(0, size, BIG)]
+
+    record()
+    fd = os.open(src / "f.bin", os.O_WRONLY)
+    turn = [0]
+    got: list[tuple[str, int, str]] = []  # (version, block index, sha256) of every block read
+
+    def write_next():
+        turn[0] += 1
+        for lo in (half, 0):  # as the issue's writer: the later part first
+            state[lo:lo + half] = bytes([turn[0] % 256]) * half
+            os.pwrite(fd, state[lo:lo + half], lo)
+            record()  # the writer's own stat: the next write gets a new ctime
+
+    def on_blocks(entry, blocks):
+        got.extend((entry.version, i, sha256(b).hexdigest()) for i, b in enumerate(blocks))
+
+    try:
+        _race(clients, ufs_path, 4, write_next, on_blocks)
+    finally:
+        os.close(fd)
+    wrong = [(v, i) for v, i, digest in got if digests[v][i] != digest]
+    assert not wrong, f"{len(wrong)} of {len(got)} blocks are not the bytes of the version they were read as"
+    entry = clients[0].stat("f.bin")
+    store = clients[0].source.store
+    held = 0
+    for version, blocks in digests.items():
+        for i, digest in enumerate(blocks):
+            data = store.get(str(clients[0].source.key(dataclasses.replace(entry, version=version), i)))
+            held += data is not None
+            assert data is None or sha256(bytes(data)).hexdigest() == digest, "a stored block mixes versions"
+    assert held
     for c in clients:
         c.close()
     plane.close()
