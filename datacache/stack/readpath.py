@@ -13,7 +13,9 @@ embedded supervisor) and ``sync(name, namespace)`` (list a dataset that has no m
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 from typing import Callable
 
 from datacache.api.loader import load_resource_dict
@@ -34,6 +36,7 @@ from datacache.state import StateStore
 from datacache.ufs.mounts import UnionNamespace
 from datacache.ufs.schemes import register_profile_schemes
 
+log = logging.getLogger(__name__)
 READAHEAD_BUDGET = 256 << 20  # bytes held by read-ahead and fills in flight, per process
 
 
@@ -133,13 +136,18 @@ class ReadPath:
         return TieredStore(levels)
 
     def file_tier(self, runtime) -> FileTier | None:
-        """``runtime``'s file tier on this node (:func:`.layout.file_tier`), or None when it is off.
-        Raises ``OSError`` if its directory cannot be made."""
+        """``runtime``'s file tier on this node (:func:`.layout.file_tier`), or None when it is off
+        or its directory cannot be used (logged: reads then go through the blocks, as the disk
+        tier's own failures do)."""
         where = layout.file_tier(self.home, runtime)
         if where is None:
             return None
         spec = runtime.spec.tieredstore.file_tier
-        return FileTier(where[0], where[1], spec.high, spec.low)
+        try:
+            return FileTier(where[0], where[1], spec.high, spec.low)
+        except (OSError, sqlite3.Error) as err:
+            log.warning("file tier %s unusable, files are read through their blocks: %s", where[0], err)
+            return None
 
     def hit_stats(self, runtime) -> HitStats:
         """``runtime``'s hit counters (shared by every process of this home)."""
