@@ -9,6 +9,10 @@ tests and benchmarks::
 
 After INIT the mount's bdi read-ahead is widened to ``read_ahead_kib`` (the kernel sizes READ
 requests by it, 128 KiB by default; the INIT reply resets it, see :mod:`datacache_fuse.mountinfo`).
+
+The serving process must not touch the mount's pages while holding the GIL (an ``mmap`` of a file
+on it read in this process): the page fault waits for a READ that the workers cannot answer
+without the GIL. Plain ``read``/``stat`` calls release the GIL and are safe.
 """
 
 from __future__ import annotations
