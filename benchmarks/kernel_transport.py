@@ -46,6 +46,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from benchmarks.common import MB, cpu_seconds, format_table
 from benchmarks.fuse_read import drop_caches, read_paths
+from datacache.demo.data import sha256_file as sha_file
 
 SMALL = 100_000
 PER_DIR = 100
@@ -116,14 +117,6 @@ def make_data(root: str, size: int, n_files: int) -> tuple[str, str, list[str], 
         sums.append(hashlib.sha256(data).hexdigest())
     os.sync()
     return large, h.hexdigest(), rels, sums
-
-
-def sha_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def dd(path: str) -> float:

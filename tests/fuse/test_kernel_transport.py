@@ -9,9 +9,9 @@ and from the operations (what was called).
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+from datacache.demo.data import sha256_bytes as sha
+from datacache.demo.data import sha256_file as sha_file
 from datacache_fuse import mountinfo
 from datacache_fuse.kernel.abi import Op
 from datacache_fuse.kernel.mirror import MirrorOperations
@@ -31,18 +33,6 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() 
 
 SIZES = {"empty.bin": 0, "one.bin": 1, "page-1.bin": 4095, "mib+1.bin": (1 << 20) + 1, "big.bin": 64 << 20}
 MANY = 1000
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def mmap_sha(path: str) -> str:
@@ -354,3 +344,56 @@ def test_mount_through_fusermount3(tree, tmp_path):
         assert (top.fstype, top.source) == ("fuse.datacache", "datacache:test/tree")
         assert sha_file(os.path.join(mp, "mib+1.bin")) == digests["mib+1.bin"]
     assert mountinfo.mounted_at(mp) is None
+
+
+# -- requests a read-only mount never gets from the kernel -----------------------------------------
+def test_requests_the_kernel_does_not_send_here():
+    """Write requests, unknown opcodes, INTERRUPT and DESTROY, fed through a SOCK_SEQPACKET pair
+    (message boundaries as on /dev/fuse): the VFS refuses writes on a read-only mount before the
+    daemon sees them, so only this reaches those branches of the dispatch table."""
+    from datacache_fuse.kernel import abi
+    from datacache_fuse.kernel.session import Session
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    destroyed = []
+
+    class Ops(MirrorOperations):
+        def destroy(self):
+            destroyed.append(True)
+
+    def request(opcode: int, unique: int, body: bytes = b"") -> None:
+        size = abi.IN_HEADER.size + len(body)
+        theirs.send(abi.IN_HEADER.pack(size, opcode, unique, 1, 0, 0, 0, 0, 0) + body)
+
+    def reply() -> tuple[int, int, bytes]:
+        data = theirs.recv(1 << 16)
+        length, error, unique = abi.OUT_HEADER.unpack_from(data)
+        assert length == len(data)
+        return unique, error, data[abi.OUT_HEADER.size:]
+
+    session = Session(Ops(os.path.dirname(__file__)), ours.detach(), workers=1, passthrough=True)
+    request(Op.INIT, 1, abi.INIT_IN.pack(7, 45, 1 << 17, 0x40000001 | 1 << 13, 1 << 5))  # flags2 bit 5: passthrough
+    session.init()
+    unique, error, body = reply()
+    major, minor, readahead, flags = abi.INIT_OUT.unpack(body)[:4]
+    assert (unique, error, major, minor, readahead) == (1, 0, 7, 45, 1 << 17)
+    assert flags & 1 and not flags & (1 << 13)  # ASYNC_READ kept, READDIRPLUS not asked for
+    assert abi.INIT_OUT.unpack(body)[10] == 1 << 5 and abi.INIT_OUT.unpack(body)[11] == 1  # passthrough, depth 1
+    session.start()
+    try:
+        request(Op.MKDIR, 2, b"\0" * 8 + b"x\0")
+        request(Op.WRITE, 3, b"\0" * 40)
+        request(Op.INTERRUPT, 4, abi.INTERRUPT_IN.pack(3))  # no reply
+        request(999, 5)
+        request(Op.BMAP, 6, b"\0" * 16)
+        request(Op.FORGET, 7, abi.FORGET_IN.pack(1))  # no reply
+        request(Op.DESTROY, 8)
+        answers = [reply() for _ in range(5)]
+        assert [(u, -e) for u, e, _ in answers] == [(2, errno.EROFS), (3, errno.EROFS), (5, errno.ENOSYS),
+                                                   (6, errno.ENOSYS), (8, 0)]
+        assert session.wait(5) and destroyed == [True]
+        counts = session.counts()
+        assert counts[Op.INTERRUPT] == 1 and counts[999] == 1
+    finally:
+        theirs.close()
+        session.close()
