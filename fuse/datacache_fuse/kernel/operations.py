@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import errno
 import stat as _stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 

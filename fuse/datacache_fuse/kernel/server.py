@@ -34,25 +34,27 @@ class FuseServer:
 
     ``fsname``/``subtype``: the mount table's source and ``fuse.<subtype>`` type; ``passthrough``,
     ``max_stack_depth``: see :class:`.session.Session`; ``method``: see :func:`.mount.mount`;
-    ``read_ahead_kib``: the bdi read-ahead (0 keeps the kernel's). Raises
+    ``read_ahead_kib``: the bdi read-ahead (0 keeps the kernel's); ``options``: more kernel mount
+    options. Raises
     :class:`.mount.FuseMountError` when the mount is refused.
     """
 
     def __init__(self, ops: Operations, mountpoint: str, *, fsname: str = "datacache", subtype: str = "datacache",
                  workers: int = 4, passthrough: bool = True, max_stack_depth: int = 1, allow_other: bool = True,
-                 method: str = "auto", read_ahead_kib: int = 1024):
+                 method: str = "auto", read_ahead_kib: int = 1024, options: tuple[str, ...] = ()):
         self.ops = ops
         self.mountpoint = mountinfo.canonical(mountpoint)
         self.fsname, self.subtype = fsname, subtype
         self.workers, self.passthrough, self.max_stack_depth = workers, passthrough, max_stack_depth
         self.allow_other, self.method, self.read_ahead_kib = allow_other, method, read_ahead_kib
+        self.options = tuple(options)
         self.mounted: kmount.Mounted | None = None
         self.session: Session | None = None
 
     def start(self) -> Session:
         """Mount, answer INIT, start the workers; returns the session."""
         self.mounted = kmount.mount(self.mountpoint, self.fsname, self.subtype, allow_other=self.allow_other,
-                                    method=self.method)
+                                    options=self.options, method=self.method)
         self.session = Session(self.ops, self.mounted.fd, workers=self.workers, passthrough=self.passthrough,
                                max_stack_depth=self.max_stack_depth, name=os.path.basename(self.mountpoint) or "fuse")
         try:
