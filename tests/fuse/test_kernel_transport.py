@@ -316,13 +316,16 @@ def test_clean_unmount_ends_the_session(tree, tmp_path):
     root, digests = tree
     mp = str(tmp_path / "mnt")
     os.makedirs(mp)
-    server = FuseServer(MirrorOperations(root, passthrough=True), mp, fsname="datacache:test/tree", workers=3)
+    server = FuseServer(MirrorOperations(root, passthrough=True), mp, fsname="datacache:test/tree", workers=3,
+                        options=("noatime", "noexec"))
     session = server.start()
     try:
         fds = [session.fd, *session._fds]
         assert len(fds) == 3  # workers 2 and 3 read their own clone of the descriptor
         top = mountinfo.mounted_at(mp)
         assert (top.fstype, top.source) == ("fuse.datacache", "datacache:test/tree")
+        flags = next(line.split()[5] for line in open("/proc/self/mountinfo") if line.split()[4] == mp)
+        assert {"ro", "nosuid", "nodev", "noexec", "noatime"} <= set(flags.split(","))  # mount(2) flags
         assert sha_file(os.path.join(mp, "one.bin")) == digests["one.bin"]
     finally:
         assert server.stop(timeout=10)

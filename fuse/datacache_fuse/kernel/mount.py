@@ -32,6 +32,16 @@ log = logging.getLogger("datacache_fuse")
 MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
 MNT_FORCE, MNT_DETACH = 1, 2
 
+#: Generic mount options that are mount(2) flags, not FUSE data (libfuse's mount.c does the same);
+#: None: accepted and ignored (the mount is always read-only, nosuid, nodev).
+FLAG_OPTIONS: dict[str, int | None] = {
+    "noexec": 8, "sync": 16, "dirsync": 128, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21,
+    "strictatime": 1 << 24, "lazytime": 1 << 25,
+    "ro": None, "rw": None, "nosuid": None, "nodev": None, "suid": None, "dev": None, "exec": None,
+    "async": None, "atime": None, "diratime": None, "norelatime": None, "nostrictatime": None,
+    "nolazytime": None,
+}
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 _libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
@@ -61,7 +71,9 @@ def mount(mountpoint: str, fsname: str, subtype: str = "datacache", *, allow_oth
 
     ``fsname``: the source shown in the mount table (``datacache:NS/NAME``); ``subtype``: the type
     is ``fuse.<subtype>``; ``allow_other``: users other than the mounting one may enter it;
-    ``options``: more kernel mount options (``default_permissions`` is always set). ``method``:
+    ``options``: more mount options: generic ones (``noatime``, ``noexec``...) become mount(2)
+    flags (:data:`FLAG_OPTIONS`), others go to the FUSE kernel module as they are (e.g.
+    ``max_read=N``); ``default_permissions`` is always set. ``method``:
     ``"syscall"`` (root only), ``"fusermount"``, or ``"auto"`` (the syscall as root, falling back
     to ``fusermount3`` on EPERM). Raises :class:`FuseMountError`; the returned descriptor must be
     served (the kernel has queued INIT on it) and closed by the caller.
@@ -85,14 +97,19 @@ def _mount_syscall(target: str, fsname: str, subtype: str, allow_other: bool, op
     except OSError as err:
         raise FuseMountError(err.errno, f"cannot open /dev/fuse: {err.strerror} (is the fuse module loaded?)",
                              target) from None
+    flags = MS_RDONLY | MS_NOSUID | MS_NODEV
+    data = [o for o in options if o not in FLAG_OPTIONS]
+    for o in options:
+        flags |= FLAG_OPTIONS.get(o) or 0
     opts = [f"fd={fd}", "rootmode=40000", f"user_id={os.getuid()}", f"group_id={os.getgid()}",
-            "default_permissions", *(["allow_other"] if allow_other else []), *options]
-    rc = _libc.mount(fsname.encode(), os.fsencode(target), f"fuse.{subtype}".encode(),
-                     MS_RDONLY | MS_NOSUID | MS_NODEV, ",".join(opts).encode())
+            "default_permissions", *(["allow_other"] if allow_other else []), *data]
+    rc = _libc.mount(fsname.encode(), os.fsencode(target), f"fuse.{subtype}".encode(), flags,
+                     ",".join(opts).encode())
     if rc != 0:
         code = ctypes.get_errno()
         os.close(fd)
-        raise FuseMountError(code, f"mount(2) of a FUSE file system failed: {os.strerror(code)}", target)
+        hint = f" (refused option among: {', '.join(data)})" if data and code == errno.EINVAL else ""
+        raise FuseMountError(code, f"mount(2) of a FUSE file system failed: {os.strerror(code)}{hint}", target)
     return fd
 
 
