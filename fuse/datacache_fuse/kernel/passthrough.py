@@ -172,5 +172,5 @@ class BackingFiles:
         if err.errno in self._told:
             return
         self._told.add(err.errno)
-        why = WHY.get(err.errno, f"the kernel refused it ({err.strerror}); serving it through the daemon")
+        why = WHY.get(err.errno, f"cannot pass it through ({err.strerror}); serving it through the daemon")
         log.warning("passthrough of %s: %s", path, why)
