@@ -201,7 +201,7 @@ def alive(pid: int) -> bool:
 
 
 def is_fuse_mount(path: str) -> bool:
-    from datacache_fuse.mountinfo import mounted_at
+    from datacache.mountinfo import mounted_at
 
     top = mounted_at(path)
     return top is not None and top.is_fuse

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from datacache.cache.blocks import block_count, block_slice
+from datacache.cache.filetier import FileTier, materialize_entry
 from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry, Manifest, normalize
 from datacache.reader import DatasetFile
 
+log = logging.getLogger(__name__)
 AHEAD_THREADS = 8  # threads loading the next block of sequential readers, per client
 
 
@@ -35,12 +38,13 @@ class DatasetClient:
     ``readahead`` > 0, open files load their next block in a pool of ``AHEAD_THREADS`` threads
     (see :mod:`datacache.reader`). ``manifest_lock``: callable returning a context manager that
     excludes other processes' manifest writes (a sync's replace) while a refresh loads, edits and
-    saves the stored manifest.
+    saves the stored manifest. ``files``: this node's file tier (complete versions as contiguous
+    files, :meth:`local_file`), or None.
     """
 
     def __init__(self, name: str, manifest: Manifest, source, ufs, save_manifest=None, readahead: int = 4,
                  load_manifest=None, manifest_path: str | None = None, reload_interval: float | None = 1.0,
-                 manifest_lock=contextlib.nullcontext):
+                 manifest_lock=contextlib.nullcontext, files: FileTier | None = None):
         self.name = name
         self._manifest = manifest
         self.generation = 0  # counts changes of the current manifest
@@ -57,6 +61,9 @@ class DatasetClient:
         self._checked = time.monotonic()
         self._listeners: list = []
         self._ahead_pool = None
+        self.files = files
+        self._copying: set[str] = set()  # file ids being copied into the file tier
+        self._copy_pool = None
 
     @property
     def manifest(self) -> Manifest:
@@ -117,6 +124,35 @@ class DatasetClient:
                     self._ahead_pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="datacache-ahead")
         return _RefreshingFile(entry, self)
 
+    def local_file(self, entry: FileEntry) -> int | None:
+        """A read-only file descriptor of ``entry``'s version as one complete local file (the file
+        tier), which the caller owns and closes; None when there is none. A version of more than
+        one block that is complete in the cache but not in the file tier is then copied there in
+        the background (one copy at a time), so a later open finds it. Reads of that file reach
+        no block source: they count no cache hits."""
+        if self.files is None or entry.size <= self.block_size:
+            return None
+        fid = self.source.key(entry, 0).file_id
+        fd = self.files.open(fid)
+        if fd is None:
+            with self._lock:
+                if fid in self._copying:
+                    return None
+                self._copying.add(fid)
+                if self._copy_pool is None:
+                    self._copy_pool = ThreadPoolExecutor(1, thread_name_prefix="datacache-filetier")
+            self._copy_pool.submit(self._copy_to_file_tier, fid, entry)
+        return fd
+
+    def _copy_to_file_tier(self, fid: str, entry: FileEntry) -> None:
+        try:
+            materialize_entry(self.files, self.source, entry)
+        except (OSError, ValueError) as err:  # a tier too small, a full disk, the UFS: reads go on through blocks
+            log.info("%s: not kept in the file tier: %s", entry.path, err)
+        finally:
+            with self._lock:
+                self._copying.discard(fid)
+
     def read(self, entry: FileEntry, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` of the version ``entry`` names, without a file left
         open (fsspec's ``cat_file``): short only at EOF, ``b""`` at or past it. A range inside one
@@ -176,7 +212,7 @@ class DatasetClient:
         fresh = self._load()
         with self._lock:
             self._stamp = stamp
-            if fresh is None or fresh.table.equals(self._manifest.table):
+            if fresh is None or fresh.equals(self._manifest):
                 return False
             old, self._manifest = self._manifest, fresh
             self.generation += 1
@@ -219,8 +255,11 @@ class DatasetClient:
         return entry
 
     def close(self) -> None:
-        if self._ahead_pool is not None:
-            self._ahead_pool.shutdown(wait=True, cancel_futures=True)  # before the store closes
+        for pool in (self._ahead_pool, self._copy_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)  # before the store closes
+        if self.files is not None:
+            self.files.close()
         self.source.close()
 
 

@@ -99,7 +99,7 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
         except ValueError as err:
             res.failures.append(str(err))
             continue
-        if not entries:
+        if not entries and not manifest.is_dir(path):  # an empty directory is found: 0 files, Complete
             res.failures.append(
                 f"{path}: no such file, directory or match in dataset {client.name!r} as of its last metadata "
                 f"sync; a file added to the UFS since is listed after `datacache sync {client.name}` (or the "

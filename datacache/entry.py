@@ -1,5 +1,5 @@
 """FileEntry: one file of a dataset's namespace at one version, as a UFS listing reports it and
-the manifest stores it."""
+the manifest stores it; SkippedLink: a symbolic link a listing left out."""
 
 from __future__ import annotations
 
@@ -18,3 +18,13 @@ class FileEntry:
     size: int
     mtime: float
     version: str
+
+
+@dataclass(frozen=True)
+class SkippedLink:
+    """A symbolic link of a POSIX source that a listing left out (links are not followed):
+    ``path``: its dataset path; ``mount``: mount name; ``ufs_path``: the link's own path."""
+
+    path: str
+    mount: str
+    ufs_path: str

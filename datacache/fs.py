@@ -5,6 +5,9 @@ x.JPEG")`` and ``pd.read_parquet("datacache://ds/t.parquet")`` read through the 
 mount. Paths are ``DATASET/path/in/dataset``; the top level lists datasets. Read-only: opening for
 writing raises ``PermissionError`` (EROFS). Storage option ``home`` selects ``$DATACACHE_HOME``.
 Pickles by its arguments (fsspec does this), so DataLoader worker processes open their own clients.
+A file version complete in the node's file tier opens as a plain local file object over its
+contiguous cache file (the same version check: the file is named by the manifest's version), so
+it reads at the local disk's speed; others open as a ``DatasetFile`` reading blocks.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class DatacacheFileSystem(AbstractFileSystem):
         super().__init__(home=home, namespace=namespace, **kwargs)
         self._home = home
         self._namespace = namespace
-        self._plane = None
+        self._paths = None
         self._clients: dict = {}
         self._lock = threading.Lock()
 
@@ -48,16 +51,19 @@ class DatacacheFileSystem(AbstractFileSystem):
         with self._lock:
             client = self._clients.get(dataset)
             if client is None:
-                from datacache.control.embedded import Embedded
-
-                if self._plane is None:
-                    self._plane = Embedded(self._home)
                 try:
-                    client = self._plane.open_dataset(dataset, self._namespace)
+                    client = self._read_path().open_dataset(dataset, self._namespace)
                 except ResourceError as err:
                     raise FileNotFoundError(errno.ENOENT, str(err), dataset) from None
                 self._clients[dataset] = client
             return client
+
+    def _read_path(self):
+        if self._paths is None:
+            from datacache.control.embedded import read_path
+
+            self._paths = read_path(self._home)
+        return self._paths
 
     def _split(self, path: str) -> tuple[str, str]:
         path = self._strip_protocol(path)
@@ -67,10 +73,7 @@ class DatacacheFileSystem(AbstractFileSystem):
     def ls(self, path, detail=True, **kwargs):
         dataset, rest = self._split(path)
         if not dataset:
-            from datacache.control.embedded import Embedded
-
-            plane = self._plane or Embedded(self._home)
-            names = [d["metadata"]["name"] for d in plane.state.list("Dataset", self._namespace)]
+            names = [d["metadata"]["name"] for d in self._read_path().state.list("Dataset", self._namespace)]
             out = [{"name": n, "type": "directory", "size": 0} for n in names]
         else:
             client = self._client(dataset)
@@ -104,10 +107,15 @@ class DatacacheFileSystem(AbstractFileSystem):
         if "r" not in mode or any(c in mode for c in "wax+"):
             raise PermissionError(errno.EROFS, "datacache datasets are read-only", path)
         dataset, rest = self._split(path)
+        client = self._client(dataset)
         try:
-            return self._client(dataset).open(rest)
+            entry = client.stat(rest)
         except ValueError as err:
             raise FileNotFoundError(errno.ENOENT, str(err), path) from None
+        if entry is None:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        fd = client.local_file(entry)  # the version complete in the file tier: a plain local file
+        return open(fd, "rb") if fd is not None else client.open_entry(entry)
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         # No file object: a small file is one block read (DatasetClient.read).
@@ -129,6 +137,6 @@ class DatacacheFileSystem(AbstractFileSystem):
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
-            if self._plane is not None:
-                self._plane.close()
-                self._plane = None
+            if self._paths is not None:
+                self._paths.close()
+                self._paths = None

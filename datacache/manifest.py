@@ -3,7 +3,13 @@
 One row per file: ``path`` (dataset path, relative, '/'-separated), ``mount``, ``ufs_path``,
 ``size`` (bytes), ``mtime`` (seconds), ``version`` (see ``ufs.versions``). Stored as Parquet so that
 large namespaces load, list and diff fast; ``fileNum`` and ``ufsTotal`` come from it, never from a
-walk at query time. Directories are implied by file paths, as in object stores.
+walk at query time. Directories are implied by file paths, as in object stores; a directory with
+no file below it (an empty directory of a POSIX source, an S3/GCS directory marker ``valid/`` with
+no key under it) is a row of its own whose ``path`` ends in '/' (size 0, version ''). Such rows
+sort among the files (so the external sort and the streaming diff handle them as any row), are
+kept apart from the files when a manifest loads (``table`` holds files only: ``fileNum`` and
+``ufsTotal`` count files), and are only kept while nothing is listed below them (the sync drops
+the others, see :mod:`datacache.control.sync`).
 
 Rows are kept sorted by ``path`` (Arrow's byte order, which is also Python's ``str`` order and
 S3's listing order), and stay in Arrow buffers: a million files cost their Parquet bytes decoded
@@ -13,7 +19,9 @@ over each subdirectory's range (also a binary search), so ``listdir`` costs O(ch
 Listings are kept in a small LRU cache (FUSE asks for the same directory repeatedly).
 
 A diff between two snapshots is a merge of their sorted (path, version) streams
-(:func:`diff_batches`), so two manifests of any size diff in bounded memory.
+(:func:`diff_batches`), so two manifests of any size diff in bounded memory. A directory row
+appears in a diff (as ``valid/``) only when the directory itself appeared or vanished: an empty
+directory that got a file, or lost its last one, is told by the file alone.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ SCHEMA = pa.schema([
     ("version", pa.string()),
 ])
 _ROW = operator.attrgetter(*SCHEMA.names)  # an entry as a tuple in SCHEMA's column order
+DIR = "/"  # a row whose path ends so is a directory with nothing listed below it
 DIFF_SCHEMA = pa.schema([("change", pa.string()), ("path", pa.string())])
 CHANGES = ("added", "changed", "deleted")
 BATCH_ROWS = 65536  # rows per Parquet row group and per batch held while streaming
@@ -58,7 +67,8 @@ _FOUND_ENTRIES = 16384  # recent lookups kept (~5 MiB): a warm epoch's hits skip
 @dataclass(frozen=True)
 class ManifestDiff:
     """Dataset paths ``added``, ``changed`` (new version) and ``deleted`` between two manifests,
-    each sorted.
+    each sorted; a path ending in '/' is a directory with nothing below it that appeared or
+    vanished (see :func:`diff_batches`).
 
     A diff made by a metadata sync keeps at most ``DIFF_LIMIT`` paths of each kind in memory; then
     ``counts`` gives the true numbers ``(added, changed, deleted)`` and ``file`` the Parquet file
@@ -67,8 +77,10 @@ class ManifestDiff:
     same path (see :func:`datacache.control.sync.sync_manifest`); ``shadowed_paths``: the first
     ``DIFF_LIMIT`` of them. ``duplicates``: files of the listing dropped because a later one has the
     same dataset path (object keys that normalise alike: ``a//b`` and ``a/b``);
-    ``duplicate_paths``: those paths (the first ``DIFF_LIMIT`` dropped). ``refreshed``: paths readers found changed and refreshed since the last
-    sync (:mod:`datacache.control.refreshed`), so this diff no longer counts them as changed.
+    ``duplicate_paths``: those paths (the first ``DIFF_LIMIT`` dropped). ``links``: symbolic links
+    of POSIX sources the listing skipped (not followed); ``link_paths``: the first ``DIFF_LIMIT``
+    of them. ``refreshed``: paths readers found changed and refreshed since the last
+    sync (:mod:`datacache.stack.refreshed`), so this diff no longer counts them as changed.
     """
 
     added: list[str]
@@ -80,6 +92,8 @@ class ManifestDiff:
     shadowed_paths: tuple[str, ...] = ()
     duplicates: int = 0
     duplicate_paths: tuple[str, ...] = ()
+    links: int = 0
+    link_paths: tuple[str, ...] = ()
     refreshed: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -173,15 +187,28 @@ def _private_file(path: str):
     return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb")
 
 
+def _split_dirs(table: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """``(file rows, directory rows)`` of a table of SCHEMA (directory rows: paths ending in '/');
+    no copy when there are no directory rows."""
+    is_dir = pc.ends_with(table.column("path"), DIR)
+    if not pc.any(is_dir).as_py():
+        return table, table.slice(0, 0)
+    return table.filter(pc.invert(is_dir)), table.filter(is_dir)
+
+
 class Manifest:
-    """An immutable snapshot over an Arrow table; build with :meth:`from_entries` or :meth:`load`.
-    The table is sorted by path on construction if it is not already."""
+    """An immutable snapshot over an Arrow table (files, and directory rows: see the module's
+    docstring); build with :meth:`from_entries` or :meth:`load`. The table is sorted by path on
+    construction if it is not already. ``table``: the file rows only; ``dir_rows``: the rows of
+    directories with nothing listed below them (paths end in '/')."""
 
     def __init__(self, table: pa.Table):
         table = table.select(SCHEMA.names)
         if not _is_sorted(table.column("path")):
             table = table.sort_by("path")
+        table, dir_rows = _split_dirs(table)
         self.table = table
+        self._set_dirs(dir_rows)
         # Binary search index: per record batch (every column cut at the same rows), its path
         # array, its other columns (for lookup) and its last path.
         batches = [b for b in table.to_batches() if b.num_rows]
@@ -196,6 +223,11 @@ class Manifest:
         self._dir_lock = threading.Lock()
         self._found: dict[str, FileEntry] = {}  # cleared when full: O(1), no recency to keep
 
+    def _set_dirs(self, dir_rows: pa.Table) -> None:
+        """Take ``dir_rows`` (sorted, SCHEMA) as the directory rows."""
+        self.dir_rows = dir_rows
+        self._dirs = _Strings(dir_rows.column("path").combine_chunks())
+
     @classmethod
     def from_entries(cls, entries: Iterable) -> "Manifest":
         """From FileEntry objects (e.g. a UFS listing)."""
@@ -207,10 +239,20 @@ class Manifest:
         return cls(pq.read_table(path, schema=SCHEMA, memory_map=True))
 
     def save(self, path: str) -> None:
-        """Write atomically (temp file + rename), mode 0600."""
+        """Write atomically (temp file + rename), mode 0600; directory rows sorted among the files."""
         with _private_file(f"{path}.tmp") as f:
-            pq.write_table(self.table, f, row_group_size=BATCH_ROWS)
+            pq.write_table(self._all_rows(), f, row_group_size=BATCH_ROWS)
         os.replace(f"{path}.tmp", path)
+
+    def _all_rows(self) -> pa.Table:
+        """Files and directory rows, sorted by path (as the manifest file holds them)."""
+        if not self.dir_rows.num_rows:
+            return self.table
+        return pa.concat_tables([self.table, self.dir_rows]).sort_by("path")
+
+    def equals(self, other: "Manifest") -> bool:
+        """Whether ``other`` holds the same rows (files and directory rows)."""
+        return self.table.equals(other.table) and self.dir_rows.equals(other.dir_rows)
 
     @property
     def file_num(self) -> int:
@@ -268,11 +310,17 @@ class Manifest:
         return None
 
     def is_dir(self, path: str) -> bool:
+        """Whether dataset ``path`` is a directory: the root, a prefix of a file's path or a
+        directory row (an empty directory)."""
         key = normalize(path)
         if not key:
             return True
-        i = self._lower_bound(key + "/")
-        return i < self.file_num and self._path_at(i).startswith(key + "/")
+        prefix = key + "/"
+        i = self._lower_bound(prefix)
+        if i < self.file_num and self._path_at(i).startswith(prefix):
+            return True
+        j = bisect.bisect_left(self._dirs, prefix)  # the row 'key/' itself, or one below it
+        return j < len(self._dirs) and self._dirs[j].startswith(prefix)
 
     def listdir(self, path: str) -> dict[str, FileEntry | None]:
         """Children of directory ``path``: name -> FileEntry, or None for a subdirectory.
@@ -315,6 +363,15 @@ class Manifest:
             else:
                 i += n
                 step = min(step * 2, BATCH_ROWS)
+        # Directories with nothing listed below them: their rows under the prefix, one jump each.
+        j = bisect.bisect_left(self._dirs, prefix)
+        while j < len(self._dirs) and (row := self._dirs[j]).startswith(prefix):
+            name = row[len(prefix):].partition("/")[0]
+            if not name:  # the row of the directory being listed: it is empty
+                j += 1
+                continue
+            children.setdefault(name, None)
+            j = bisect.bisect_left(self._dirs, _after_prefix(f"{prefix}{name}/"))
         return children
 
     def __iter__(self) -> Iterator[FileEntry]:
@@ -336,14 +393,16 @@ class Manifest:
         return [e for e in self._rows(*self._range(key[:wild])) if fnmatch.fnmatchcase(e.path, key)]
 
     def diff(self, newer: "Manifest") -> ManifestDiff:
-        """What changed from this snapshot to ``newer`` (complete lists, in memory)."""
+        """What changed from this snapshot to ``newer`` (complete lists, in memory); a directory
+        that appeared or vanished is a path ending in '/' (see :func:`diff_batches`)."""
         cols = ["path", "version"]
-        return diff_batches(self.table.select(cols).to_batches(BATCH_ROWS),
-                            newer.table.select(cols).to_batches(BATCH_ROWS))
+        return diff_batches(self._all_rows().select(cols).to_batches(BATCH_ROWS),
+                            newer._all_rows().select(cols).to_batches(BATCH_ROWS))
 
     def with_entry(self, entry: FileEntry | None, path: str) -> "Manifest":
         """A copy with ``path`` replaced by ``entry`` (or removed when ``entry`` is None); rows
-        are spliced, not re-sorted."""
+        are spliced, not re-sorted. A directory row of an ancestor of ``entry`` goes (the
+        directory is no longer empty)."""
         key = normalize(path)
         i = self._lower_bound(key)
         end = i + 1 if i < self.file_num and self._path_at(i) == key else i
@@ -351,7 +410,14 @@ class Manifest:
         if entry is not None:
             parts.append(entries_table([entry]))
         parts.append(self.table.slice(end))
-        return Manifest(pa.concat_tables(parts))
+        dirs = self.dir_rows
+        if entry is not None and dirs.num_rows:
+            parents = key.split("/")[:-1]
+            ancestors = pa.array(["/".join(parents[:n]) + DIR for n in range(1, len(parents) + 1)], pa.string())
+            dirs = dirs.filter(pc.invert(pc.is_in(dirs.column("path"), value_set=ancestors)))
+        spliced = Manifest(pa.concat_tables(parts))
+        spliced._set_dirs(dirs)
+        return spliced
 
 
 def aligned_batches(streams: list[Iterable[pa.RecordBatch]]) -> Iterator[list[pa.Table]]:
@@ -422,26 +488,81 @@ class _DiffCollector:
                             tuple(self.counts[c] for c in CHANGES), self.out)
 
 
+class _DirChanges:
+    """Added (or deleted) paths of one kind on their way to a :class:`_DiffCollector`, less the
+    directory rows ('d/') the other manifest has paths below: there the directory neither
+    appeared nor vanished, it only got (or lost) its files. Whether the other side has a path
+    below 'd/' is told by its first path after 'd/' (it has no 'd/' itself, and the side of
+    'd/' has nothing below it); when that path is in a later step, 'd/' and the paths after it
+    wait for that step (the collector takes paths in order)."""
+
+    def __init__(self, collect: _DiffCollector, change: str):
+        self.collect, self.change = collect, change
+        self.waiting: pa.Array | None = None
+
+    def decide(self, other: pa.Array | None) -> None:
+        """Pass on the waiting paths, given the other side's paths of the next step (None at the
+        end): its first path is the first after each waiting directory; none means nothing is
+        below them (the step's frontier, a path of this side, is past them)."""
+        if self.waiting is None:
+            return
+        first = other[0].as_py() if other is not None and len(other) else None
+        self.collect.add(self.change, self._kept(self.waiting, lambda d: first is not None and first.startswith(d)))
+        self.waiting = None
+
+    def add(self, paths: pa.Array, other: pa.Array) -> None:
+        """``paths``: this step's changes of the kind (sorted); ``other``: the other side's paths
+        in the same step (sorted)."""
+        dirs = pc.ends_with(paths, DIR)
+        if not pc.any(dirs).as_py():
+            self.collect.add(self.change, paths)
+            return
+        others = _Strings(other)
+        below: set[str] = set()
+        for i in pc.indices_nonzero(dirs).to_pylist():
+            d = paths[i].as_py()
+            j = bisect.bisect_left(others, d)
+            if j == len(others):  # the other side's next path is in a later step
+                self.waiting = paths.slice(i)
+                paths = paths.slice(0, i)
+                break
+            if others[j].startswith(d):
+                below.add(d)
+        self.collect.add(self.change, self._kept(paths, below.__contains__))
+
+    @staticmethod
+    def _kept(paths: pa.Array, implied) -> pa.Array:
+        keep = [not (p.endswith(DIR) and implied(p)) for p in paths.to_pylist()] if len(paths) else []
+        return paths.filter(pa.array(keep, pa.bool_())) if not all(keep) else paths
+
+
 def diff_batches(old: Iterable[pa.RecordBatch], new: Iterable[pa.RecordBatch], out: str | None = None,
                  limit: int = DIFF_LIMIT) -> ManifestDiff:
     """Diff two manifests given as streams of record batches of (path, version) columns, each
     sorted by path with unique paths: a merge join done a step of :func:`aligned_batches` at a
-    time with Arrow kernels, in memory bounded by one batch of each.
+    time with Arrow kernels, in memory bounded by one batch of each. Directory rows (paths
+    ending in '/', each with nothing below it on its own side) count only when the directory
+    appeared or vanished (see :class:`_DirChanges`).
 
     With ``out`` (a file path), every change is also written there (Parquet, columns change and
     path, mode 0600) and the returned lists keep only the first ``limit`` paths of each kind;
     without it, the lists are complete.
     """
     collect = _DiffCollector(out, limit)
+    added, deleted = _DirChanges(collect, "added"), _DirChanges(collect, "deleted")
     for o, n in aligned_batches([old, new]):
         o, n = o if o is not None else _EMPTY_PAIRS, n if n is not None else _EMPTY_PAIRS
         o_path, n_path = o.column("path").combine_chunks(), n.column("path").combine_chunks()
+        added.decide(o_path)
+        deleted.decide(n_path)
         in_old, in_new = pc.is_in(n_path, value_set=o_path), pc.is_in(o_path, value_set=n_path)
-        collect.add("added", n_path.filter(pc.invert(in_old)))
+        added.add(n_path.filter(pc.invert(in_old)), o_path)
         # The paths in both, in the same (sorted) order on each side: compare versions row by row.
         both_new = n.filter(in_old)
         same = pc.equal(o.column("version").combine_chunks().filter(in_new),
                         both_new.column("version").combine_chunks())
         collect.add("changed", both_new.column("path").combine_chunks().filter(pc.invert(same)))
-        collect.add("deleted", o_path.filter(pc.invert(in_new)))
+        deleted.add(o_path.filter(pc.invert(in_new)), n_path)
+    added.decide(None)
+    deleted.decide(None)
     return collect.result()

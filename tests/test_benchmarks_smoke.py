@@ -143,7 +143,7 @@ def test_s3fs_fuse_through_the_proxy(signing_moto, tmp_path):
                     reason="needs /dev/fuse, root (drop_caches) and rclone")
 def test_fuse_read_benchmark_tiny(capsys):
     from benchmarks import fuse_read
-    from datacache_fuse.mountinfo import mounts
+    from datacache.mountinfo import mounts
 
     args = fuse_read.parse_args(["--files", "30", "--file-mib", "6", "--repeat", "1", "--cold-small"])
     bench = fuse_read.FuseReadBench(args, lambda s: None)
@@ -223,7 +223,7 @@ def check_tiny_report(report, source: str, n_systems: int) -> None:
 
     from benchmarks.peers import WORKLOADS
     from benchmarks.report import ratios
-    from datacache_fuse.mountinfo import mounts
+    from datacache.mountinfo import mounts
 
     assert [o.system for o in report.outcomes][0] == "local copy (the limit)"
     assert len(report.outcomes) == n_systems and {o.source for o in report.outcomes} == {source}

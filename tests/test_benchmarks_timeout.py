@@ -60,7 +60,7 @@ def test_peer_benchmark_system_past_its_time_limit_is_reported_and_cleaned_up(tm
 
     from benchmarks.__main__ import parse_args, run
     from benchmarks.report import ratios
-    from datacache_fuse.mountinfo import mounts
+    from datacache.mountinfo import mounts
 
     before = _children()
     argv = [*TINY, "--repeat", "1", "--latency-ms", "700", "--system-timeout", "7", "--sources", "s3",

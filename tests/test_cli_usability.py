@@ -16,7 +16,7 @@ import yaml
 from datacache.api.quantity import format_bytes
 from datacache.control.dataloads import next_fire, parse_iso
 from datacache.control.embedded import Embedded
-from datacache.control.state import StateStore, iso
+from datacache.state import StateStore, iso
 from support import dataset_yaml
 
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)

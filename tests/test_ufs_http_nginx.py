@@ -53,8 +53,11 @@ def test_http_mount_lists_versions_and_reads_exact_ranges(tmp_path):
     files = _tree(src)
     with NginxServer(str(src)) as web:
         ns = _namespace(tmp_path, web.url)
-        entries = {e.path: e for e in ns.list_files()}
+        listed = list(ns.list_files())
+        entries = {e.path: e for e in listed if not e.path.endswith("/")}
         assert sorted(entries) == ["web/a.bin", "web/sub/b.bin", "web/sub/deeper/c.txt"]
+        # Directories come too (the sync keeps only those with nothing below them).
+        assert sorted(e.path for e in listed if e.path.endswith("/")) == ["web/", "web/sub/", "web/sub/deeper/"]
         for rel, data in files.items():
             e = entries[f"web/{rel}"]
             assert e.size == len(data)

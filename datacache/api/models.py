@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import datetime
 import re
-from importlib.metadata import entry_points
 from typing import Annotated, Any, Literal, Union
 
-from fsspec.registry import known_implementations as _fsspec_known
-from fsspec.registry import registry as _fsspec_registry
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -34,6 +31,7 @@ from pydantic.alias_generators import to_camel
 
 from .quantity import parse_quantity
 from datacache.ufs.retry import option_problems
+from datacache.ufs.schemes import RUNTIME_PLUGIN_GROUP, SCHEME_PATTERN, known_schemes, plugin_schemes, register_scheme
 
 __all__ = [
     "API_VERSION",
@@ -185,19 +183,16 @@ def _quantity(min_bytes: int = 0, max_bytes: int | None = None, multiple_of: int
 
 Quota = _quantity(min_bytes=1)
 """A level's quota: a quantity greater than zero."""
+FileTierQuota = _quantity(min_bytes=0)
+"""The file tier's quota: a quantity, 0 turning the tier off."""
 BlockSize = _quantity(min_bytes=64 * 1024, max_bytes=64 * 1024**2, multiple_of=4096)
 """A block size: a quantity between 64Ki and 64Mi, a multiple of 4096 bytes."""
 
 
 # --- schemes ------------------------------------------------------------------------------------
 
-# Schemes a Mount may not use although fsspec knows them: "datacache" would read a dataset
-# through itself, and fsspec's caching wrappers would cache a cache.
-_EXCLUDED_SCHEMES = frozenset({"datacache", "blockcache", "cached", "filecache", "simplecache"})
-_EXTRA_SCHEMES: set[str] = {"file", "local"}
 # Shown first in "known: ..." lists: the schemes users most likely meant.
 _POPULAR_SCHEMES = ("s3", "gs", "az", "http", "https", "file", "memory", "sftp")
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
 _PLACEHOLDER = re.compile(r"\$\{(?P<var>[^}]*)\}")
 
@@ -209,33 +204,6 @@ def _unfilled(value: str) -> str:
         return ""
     return (f"'{value}' holds the unfilled placeholder(s) {', '.join('${' + n + '}' for n in names)}: replace "
             "them with your own values (the comment at the top of the example file says what each one is)")
-
-
-def register_scheme(name: str) -> None:
-    """Allow mounts with ``name://...`` (for runtime plugins that serve their own scheme).
-
-    Raises ``ValueError`` if ``name`` is not a lowercase URL scheme (``[a-z][a-z0-9+.-]*``).
-    """
-    if not isinstance(name, str) or not _SCHEME.match(name):
-        raise ValueError(f"{name!r} is not a valid scheme: use lowercase letters, digits, '+', '.', '-'")
-    _EXTRA_SCHEMES.add(name)
-
-
-def known_schemes() -> frozenset[str]:
-    """Schemes a Mount may use: fsspec's known and registered ones, ``file``/``local`` and plugins'."""
-    names = set(_fsspec_known) | set(_fsspec_registry)  # both are live views
-    return frozenset((names - _EXCLUDED_SCHEMES) | _EXTRA_SCHEMES)
-
-
-RUNTIME_PLUGIN_GROUP = "datacache.runtimes"
-"""Entry-point group of runtime plugins (see ``runtimes/README.md``)."""
-
-
-def plugin_schemes() -> frozenset[str]:
-    """Names of the installed runtime plugins (entry points in :data:`RUNTIME_PLUGIN_GROUP`); a mount
-    may use each as its URL scheme. Reads package metadata (about 10 ms), so it is consulted only
-    for schemes fsspec does not know."""
-    return frozenset(entry_points(group=RUNTIME_PLUGIN_GROUP).names)
 
 
 def _scheme_list(known: frozenset[str]) -> str:
@@ -462,7 +430,8 @@ class DatasetSpec(_Model):
 class CacheStates(_Model):
     """Cache figures shown by ``datacache get datasets`` (sizes as formatted by ``format_bytes``)."""
 
-    cached: str | None = None
+    cached: str | None = None  # the current versions' blocks
+    old_versions_cached: str | None = None  # blocks of versions no manifest names now, until evicted
     cache_capacity: str | None = None
     cached_percentage: str | None = None
     cache_hit_ratio: str | None = None
@@ -536,10 +505,32 @@ class Level(_Model):
         return parse_quantity(self.quota)
 
 
+class FileTierSpec(_Model):
+    """``tieredstore.fileTier``: complete file versions of more than one block kept on this node as
+    one contiguous local file each (``datacache.cache.filetier``), which FUSE passthrough and
+    ``datacache://`` hand out as plain files, so reads run at the local disk's speed. ``quota``:
+    bytes (``0`` turns it off; default: the first disk level's quota); ``path``: its directory
+    (default: beside the first disk level's, ``<level path>/<ns>/<name>.files``); watermarks as
+    for a level. Until one layout serves both, a file here is also held as blocks (up to twice
+    its size on disk)."""
+
+    path: str | None = None
+    quota: FileTierQuota | None = None
+    high: Annotated[float, Field(gt=0, le=1)] = 0.95
+    low: Annotated[float, Field(ge=0, lt=1)] = 0.8
+
+    @model_validator(mode="after")
+    def _check_watermarks(self) -> "FileTierSpec":
+        if self.low >= self.high:
+            raise FieldProblems([(("low",), f"low watermark {self.low:g} must be below high watermark {self.high:g}")])
+        return self
+
+
 class TieredStore(_Model):
-    """``tieredstore``: the cache tiers, at most one per medium."""
+    """``tieredstore``: the cache tiers, at most one per medium, and the file tier (``fileTier``)."""
 
     levels: Annotated[list[Level], Field(min_length=1)]
+    file_tier: FileTierSpec = Field(default_factory=FileTierSpec)
 
     @model_validator(mode="after")
     def _check_levels(self) -> "TieredStore":
@@ -694,7 +685,7 @@ class ThinRuntimeProfileSpec(_Model):
     ThinRuntime's and each mount's options override. ``file_system_type`` may be used as a mount's
     URL scheme (it is registered with :func:`register_scheme`)."""
 
-    file_system_type: Annotated[str, Field(pattern=_SCHEME.pattern, max_length=63)]
+    file_system_type: Annotated[str, Field(pattern=SCHEME_PATTERN, max_length=63)]
     plugin: Annotated[str, Field(min_length=1)] | None = None
     fuse: ThinFuseCommand | None = None
     options: PlainOptions = Field(default_factory=dict)

@@ -605,6 +605,16 @@ class DiskTier:
             self._cache.delete(k)
         return len(doomed)
 
+    def prefix_bytes(self, prefix: str) -> int:
+        """Bytes of the stored blocks whose keys start with ``prefix`` (e.g. one dataset's
+        ``name/``): one SQL sum over the index's key range, no row read into Python."""
+        if self._cache is None or not prefix:
+            return 0
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first key past every key with the prefix
+        ((total,),) = self._cache._sql("SELECT COALESCE(SUM(size), 0) FROM Cache WHERE raw = 1 AND key >= ? AND key < ?",
+                                       (prefix, end)).fetchall()
+        return int(total)
+
     def keys(self):
         """Iterate over stored block keys."""
         if self._cache is None:

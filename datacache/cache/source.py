@@ -1,9 +1,10 @@
-"""The block source: blocks by (file version, index), from the tiered store or filled from the UFS.
+"""The in-process block source: blocks by (file version, index), from the tiered store or filled
+from the UFS.
 
-This is the interface the Reader, DatasetClient and warmup use: ``block_size``, ``get``,
-``prefetch``, ``fill``, ``is_cached``, ``usage``, ``hit_counts``, ``ufs_bytes``, ``close``. The local
-implementation here owns a tiered store; a distributed one asks cache workers. Fills are single-flight: concurrent requests of
-one missing block share one UFS read. Every fill holds its bytes against one shared
+It keeps the block-source contract (:class:`~datacache.cache.blocksource.BlockSource`) that the
+Reader, DatasetClient and warmup use; the runtime's cache workers keep it too
+(``datacache.cluster.source``). Fills are single-flight: concurrent requests of one missing block
+share one UFS read. Every fill holds its bytes against one shared
 :class:`~datacache.cache.budget.MemoryBudget`, so read-ahead and warmup cannot grow memory past it.
 """
 
@@ -148,6 +149,10 @@ class LocalBlockSource:
     def usage(self) -> tuple[int, int]:
         """``(used, capacity)`` bytes of the store's level blocks are written to (its first disk level)."""
         return self.store.used(), self.store.capacity
+
+    def worker_progress(self) -> dict[str, dict[str, int]]:
+        """No cache workers: ``{}``."""
+        return {}
 
     def close(self) -> None:
         """Stop read-ahead, then close the store and counters this source owns."""

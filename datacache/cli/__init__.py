@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from datacache.cli import cluster, controller, crds, data, resources
+from datacache.cli import cluster, controller, crds, data, resources, rundemo
 from datacache.control.embedded import describe_error
 from datacache.errors import DatacacheError
 
@@ -41,7 +41,8 @@ def cli() -> None:
     """datacache: cache datasets close to training, warm them up, read them as files."""
 
 
-for command in (*resources.COMMANDS, *data.COMMANDS, *cluster.COMMANDS, *crds.COMMANDS, *controller.COMMANDS):
+for command in (*resources.COMMANDS, *data.COMMANDS, *rundemo.COMMANDS, *cluster.COMMANDS, *crds.COMMANDS,
+                *controller.COMMANDS):
     cli.add_command(command)
 
 try:  # FUSE needs the 'fuse' extra (pyfuse3, Debian's libfuse3)

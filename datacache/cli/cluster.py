@@ -28,7 +28,7 @@ def worker():
 @home_option
 def serve(name, index, host, port, advertise, exit_with_parent, namespace, home):
     """Run worker INDEX of CacheRuntime NAME in the foreground until SIGTERM."""
-    from datacache.cluster.worker import serve as run
+    from datacache.stack.workerproc import serve as run
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

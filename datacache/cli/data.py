@@ -1,4 +1,4 @@
-"""Data verbs: warmup, sync, ls, cat, demo."""
+"""Data verbs: warmup, sync, ls, cat."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from datacache.api.quantity import format_bytes
 from datacache.cli.resources import home_option, namespace_option
 from datacache.api.loader import load_resources, to_document
 from datacache.control.embedded import Embedded
-from datacache.control.state import StateStore, default_home
+from datacache.state import StateStore, default_home
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -215,15 +215,4 @@ def cat(target, namespace, home):
         client.close()
 
 
-@click.command()
-@click.option("--files", "n_jpeg", default=2000, show_default=True, help="JPEG files in the image tree.")
-@click.option("--shard-mib", default=256, show_default=True, help="Size of the tar shard (MiB).")
-@click.option("--keep", is_flag=True, help="Keep the demo's state directory afterwards.")
-def demo(n_jpeg, shard_mib, keep):
-    """The main job end to end: S3 + local source, apply, warmup, read back, verify, status."""
-    from datacache.demo.run import run_demo
-
-    sys.exit(run_demo(n_jpeg=n_jpeg, shard_bytes=shard_mib << 20, keep=keep))
-
-
-COMMANDS = (warmup, sync, ls_, cat, demo)
+COMMANDS = (warmup, sync, ls_, cat)

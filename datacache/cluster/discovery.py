@@ -42,7 +42,7 @@ import dns.exception
 import dns.rdatatype
 import dns.resolver
 
-from datacache.cluster.membership import Member
+from datacache.cluster.member import Member
 
 log = logging.getLogger(__name__)
 

@@ -23,35 +23,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 
-from datacache.control.state import StateStore
+from datacache.state import StateStore
+from datacache.cluster.member import Member
 from datacache.errors import ConfigError
 
 HEARTBEAT_S = 1.0
 TTL_S = 5.0
-
-
-@dataclass(frozen=True)
-class Member:
-    """One registered worker.
-
-    ``worker_id`` (``worker-<i>``, the placement identity), ``url`` (``http://host:port``), ``node``
-    (host name, for short-circuit reads), ``pid``, ``disk`` (its disk level: ``{"path", "quota",
-    "high", "low", "medium"}``, or ``{}`` for a MEM-only worker), ``heartbeat`` (seconds).
-    """
-
-    worker_id: str
-    url: str
-    node: str
-    pid: int
-    disk: dict = field(default_factory=dict)
-    heartbeat: float = 0.0
-    draining: bool = False
-
-    @property
-    def index(self) -> int:
-        return int(self.worker_id.rsplit("-", 1)[-1])
 
 
 class Membership(StateStore):

@@ -13,6 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TIER_HEALTHY = "datacache_worker_tier_healthy"
+"""Gauge per disk level (labels ``medium``, ``path``: the worker's directory): 1 or 0."""
 _LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
 
 
@@ -42,6 +44,12 @@ class _StoreCollector:
                                   value=sum(getattr(lv, "corrupt", 0) for lv in store.levels))
         yield GaugeMetricFamily("datacache_worker_disk_healthy", "1 while every disk level takes writes, else 0",
                                 value=int(all(getattr(lv, "healthy", True) for lv in store.levels)))
+        tiers = GaugeMetricFamily(TIER_HEALTHY, "1 while this disk level takes writes, else 0 (its reads go to "
+                                  "the UFS)", labels=["medium", "path"])
+        for level in store.levels:
+            if hasattr(level, "healthy"):
+                tiers.add_metric([level.medium, level.path], int(level.healthy))
+        yield tiers
         yield CounterMetricFamily("datacache_worker_ufs_bytes", "Bytes read from the UFS", value=source.ufs_bytes)
         yield CounterMetricFamily("datacache_worker_peer_bytes", "Bytes copied from other workers (read-repair, "
                                   "hand-off)", value=self._w.peer_bytes)

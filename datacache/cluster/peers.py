@@ -40,7 +40,7 @@ import time
 
 from datacache.cluster import placement
 from datacache.cluster.client import WorkerClient, WorkerRejected, WorkerUnavailable
-from datacache.cluster.membership import Member
+from datacache.cluster.member import Member
 from datacache.cluster.routing import Router
 
 log = logging.getLogger("datacache.worker")

@@ -25,7 +25,8 @@ import time
 
 from datacache.cache.disk import DiskTier
 from datacache.cluster import placement
-from datacache.cluster.membership import Member, Membership
+from datacache.cluster.member import Member
+from datacache.cluster.membership import Membership
 
 log = logging.getLogger(__name__)
 

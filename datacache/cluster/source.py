@@ -1,8 +1,8 @@
-"""ClusterBlockSource: the block-source interface over a set of cache workers.
+"""ClusterBlockSource: the block-source contract over a set of cache workers.
 
-It has exactly the interface of :class:`~datacache.cache.source.LocalBlockSource` (``block_size``,
-``get``, ``prefetch``, ``fill``, ``is_cached``, ``usage``, ``hit_counts``, ``ufs_bytes``, ``close``),
-so the Reader, DatasetClient, FUSE and warmup do not know whether blocks are local or remote.
+It keeps the contract :class:`~datacache.cache.blocksource.BlockSource` states, as
+:class:`~datacache.cache.source.LocalBlockSource` does, so the Reader, DatasetClient, FUSE and
+warmup do not know whether blocks are local or remote.
 
 Read path, per block (see :mod:`.routing` for the order and the short-circuit rule):
 1. the owner on this node with a readable cache directory: its block file, checksum verified;
@@ -41,7 +41,8 @@ from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.cluster import auth
 from datacache.cluster.client import BlockVanished, LoopThread, WorkerClient, WorkerRejected, WorkerUnavailable
-from datacache.cluster.membership import Member, open_membership
+from datacache.cluster.member import Member
+from datacache.cluster.membership import open_membership
 from datacache.cluster.readahead import ReadAhead
 from datacache.cluster.routing import Router
 from datacache.errors import UFSUnavailableError

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datacache.cluster.client import LoopThread, WorkerClient
 from datacache.cluster.membership import open_membership
-from datacache.control import workerset
+from datacache.cluster import workerset
 
 
 def observe_workers(home: str, runtime) -> list[dict]:

@@ -56,17 +56,16 @@ from typing import Callable
 
 from aiohttp import web
 
-from datacache.cache.blocks import BlockKey, block_range, checksum, file_id
+from datacache.cache.blocks import BlockKey, block_range, checksum
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.memory import MemoryTier
 from datacache.cache.source import LocalBlockSource
 from datacache.cache.tiered import TieredStore
 from datacache.cluster import auth, transport, wire
-from datacache.cluster.client import WorkerClient
-from datacache.cluster.membership import HEARTBEAT_S, Member, Membership, open_membership
+from datacache.cluster.member import Member
+from datacache.cluster.membership import HEARTBEAT_S, Membership
 from datacache.cluster.metrics import CONTENT_TYPE, WorkerMetrics
 from datacache.cluster.peers import HANDOFF_BATCH, Peers
-from datacache.cluster.routing import Router
 from datacache.cluster.store import ACCESS_FLUSH_S, ServingDiskTier
 
 log = logging.getLogger("datacache.worker")
@@ -418,8 +417,12 @@ def disk_info(store: TieredStore) -> dict:
     return {"path": disk.path, "quota": disk.quota, "medium": disk.medium}
 
 
-async def _serve(worker: Worker, members: Membership, namespace: str, runtime: str, host: str, port: int,
-                 advertise: str, exit_with_parent: bool) -> None:
+async def run_worker(worker: Worker, members: Membership, namespace: str, runtime: str, host: str, port: int,
+                     advertise: str, exit_with_parent: bool) -> None:
+    """Serve ``worker`` of runtime ``namespace/runtime`` on ``host:port`` (0: any free port) and on
+    its same-node socket, registered in ``members`` as ``http://<advertise>:<port>`` with a
+    heartbeat, until SIGTERM/SIGINT (or its parent's exit with ``exit_with_parent``). Raises
+    ``OSError`` when the port cannot be used."""
     background = []
     if worker._disk is not None:
         background.append(asyncio.ensure_future(_every(ACCESS_FLUSH_S, worker._disk.flush_accesses)))
@@ -474,54 +477,3 @@ async def _every(seconds: float, fn) -> None:
             await asyncio.to_thread(fn)
         except Exception:
             log.exception("%s failed", getattr(fn, "__name__", fn))
-
-
-def current_files(home: str, namespace: str, name: str, block_size: int) -> set[str] | None:
-    """File ids of dataset ``namespace/name``'s current manifest in the embedded plane at ``home``
-    (blocks cut at ``block_size`` bytes), or None when it has none (no manifest, or no Dataset)."""
-    from datacache.control.embedded import Embedded
-    from datacache.errors import ResourceError
-
-    plane = Embedded(home)
-    try:
-        manifest = plane.load_manifest(plane.get("Dataset", name, namespace))
-    except ResourceError:
-        return None
-    finally:
-        plane.close()
-    if manifest is None:
-        return None
-    return {file_id(e.mount, e.ufs_path, e.version, block_size) for e in manifest}
-
-
-def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0.1", port: int = 0,
-          advertise: str | None = None, exit_with_parent: bool = False) -> None:
-    """Run worker ``index`` of the CacheRuntime (or ThinRuntime, whose UFS its profile's plugin or
-    FUSE command opens) ``namespace/name`` until SIGTERM/SIGINT.
-
-    Its cache lives in ``<level path>/<ns>/<name>/worker-<index>``; it listens on ``host:port``
-    (0: any free port) and registers ``http://<advertise or host>:<port>`` with a heartbeat.
-    Raises ``ResourceError`` when the Dataset, CacheRuntime or token is missing, ``OSError`` when
-    the port or cache directory cannot be used.
-    """
-    from datacache.control.embedded import Embedded
-
-    plane = Embedded(home)
-    dataset = plane.get("Dataset", name, namespace)
-    runtime = plane.runtime_for(dataset) or plane.get("CacheRuntime", name, namespace)  # a ThinRuntime too
-    worker_id = f"worker-{index}"
-    token = auth.load_token(plane.home, namespace, name)
-    store = plane.store_for(runtime, worker_id, ServingDiskTier)
-    router = Router(open_membership(plane.home), namespace, name, short_circuit=False, strict=False)
-    peers = Peers(worker_id, router,
-                  WorkerClient(token, name, runtime.spec.block_size_bytes, read_timeout=PEER_TIMEOUT_S))
-    block_size = runtime.spec.block_size_bytes
-    worker = Worker(name, block_size, store, plane.ufs_for(dataset, runtime), token, worker_id,
-                    peers=peers, current_files=lambda: current_files(plane.home, namespace, name, block_size))
-    members = Membership(plane.home)
-    plane.close()
-    try:
-        asyncio.run(_serve(worker, members, namespace, name, host, port, advertise or host, exit_with_parent))
-    finally:
-        worker.close()
-        members.close()

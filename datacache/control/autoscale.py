@@ -25,6 +25,7 @@ class WorkerMetrics:
     capacity: int
     used: int
     hot_bytes: int = 0
+    unhealthy_tiers: tuple[tuple[str, str], ...] = ()  # (medium, path) of disk levels that refuse writes
 
 
 @dataclass(frozen=True)

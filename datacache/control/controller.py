@@ -13,7 +13,7 @@ One resource's failure is logged and does not stop the others. Each action is lo
 sync only when it found changes: an unchanged one is DEBUG; each DataLoad run with its result,
 OnEvent ones by :meth:`Embedded.run_on_event`). Work runs in the tick's thread, one
 item at a time: a long DataLoad delays the next tick, it never runs twice at once. Scale-in stops
-the workers the decision names (the least hot ones, see :mod:`.workerset`).
+the workers the decision names (the least hot ones, see :mod:`datacache.cluster.workerset`).
 The time of the last scaling is kept in the runtime's ``status.lastScaleTime``, so a cooldown
 survives a restart of the controller; how long the use has been low is kept in memory only.
 """
@@ -27,9 +27,10 @@ import time
 from typing import Callable
 
 from datacache.api.loader import load_resource_dict
-from datacache.control import autoscale, dataloads, supervisor
+from datacache.control import autoscale, dataloads
 from datacache.control.embedded import Embedded
-from datacache.control.state import iso
+from datacache.stack import layout, readpath
+from datacache.state import iso
 from datacache.errors import DatacacheError
 
 log = logging.getLogger("datacache.controller")
@@ -78,7 +79,7 @@ class Controller:
         ns, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
         last = self._synced.get((ns, name))
         if last is None:  # after a restart: the manifest's time is the last sync's
-            path = os.path.join(self.plane.home, "datasets", ns, name, "manifest.parquet")
+            path = layout.manifest_path(self.plane.home, ns, name)
             last = os.path.getmtime(path) if os.path.exists(path) else 0.0
         if now - last < interval:
             return ""
@@ -128,7 +129,7 @@ class Controller:
         """The ready workers' capacity and used bytes; ``hot_bytes`` is the block hits since the
         previous call × the block size (an upper bound: a file's last block is shorter)."""
         ns, name = runtime.metadata.namespace, runtime.metadata.name
-        if supervisor.distributed(runtime):
+        if readpath.distributed(runtime):
             from datacache.cluster.status import observe_workers
 
             workers = [w for w in observe_workers(self.plane.home, runtime) if w["ready"]]

@@ -14,7 +14,7 @@ from typing import Iterable
 from croniter import croniter
 
 from datacache.api.quantity import format_bytes
-from datacache.control.state import iso
+from datacache.state import iso
 from datacache.manifest import Manifest, ManifestDiff, normalize
 
 WARMUP_LABEL = "datacache.io/warmup"

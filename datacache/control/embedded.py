@@ -14,6 +14,7 @@ which starts when the runtime is applied or the dataset opened, and stops when e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -24,29 +25,30 @@ from datetime import datetime, timezone
 from datacache import private
 from datacache.api.loader import load_resource_dict, to_document
 from datacache.api.models import RUNTIME_PLUGIN_GROUP, CacheRuntime, Dataset, DataLoad, ThinRuntime, plugin_schemes
-from datacache.cache.budget import MemoryBudget
+from datacache.api.quantity import format_bytes
 from datacache.cache.disk import DiskTier
-from datacache.cache.memory import MemoryTier
-from datacache.cache.source import LocalBlockSource
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.client import DatasetClient
-from datacache.cluster import auth, source as cluster_source
+from datacache.cluster import auth, membership, source as cluster_source
 from datacache.cluster.status import observe_workers
-from datacache.control import dataloads, observe, reconcile, refreshed, supervisor, syncmark, workerset
+from datacache.cluster import workerset
+from datacache.control import dataloads, observe, reconcile, supervisor
+from datacache.stack import refreshed, syncmark
 from datacache.control.mounts import fuse_mounts_of, lazy_unmount
-from datacache.control.state import StateStore, default_home, now_iso
+from datacache.stack import layout
+from datacache.stack.engines import stop_runtime
+from datacache.stack.readpath import ReadPath, distributed
+from datacache.state import StateStore, default_home, now_iso
 from datacache.control.sync import sync_manifest
 from datacache.dataload import warmup
 from datacache.errors import DatacacheError, ResourceError
 from datacache.manifest import Manifest, ManifestDiff
 from datacache.ufs.mounts import UnionNamespace
-from datacache_runtimes import engine_for, register_profile_schemes, stop_runtime
 
 # A ThinRuntime (and its profile) goes before its Dataset: the Dataset's sync reads through it.
 _APPLY_ORDER = {"ThinRuntimeProfile": -2, "ThinRuntime": -1, "Dataset": 0, "CacheRuntime": 1, "DataLoad": 2}
 log = logging.getLogger("datacache.dataloads")
-READAHEAD_BUDGET = 256 << 20  # bytes held by read-ahead and fills in flight, per process
 
 
 class Embedded:
@@ -55,8 +57,8 @@ class Embedded:
     def __init__(self, home: str | None = None):
         self.home = os.path.abspath(home or default_home())
         self.state = StateStore(self.home)
-        self._budget = MemoryBudget(READAHEAD_BUDGET)
-        register_profile_schemes(self.state.list("ThinRuntimeProfile"))
+        self.paths = ReadPath(self.home, self.state, ensure_workers=functools.partial(supervisor.ensure_workers,
+                                                                                       self.home), sync=self.sync)
 
     # -- resources -------------------------------------------------------------------------------
     def apply(self, resources: list) -> list[str]:
@@ -113,28 +115,24 @@ class Embedded:
     def scale(self, name: str, replicas: int, namespace: str = "default", remove: tuple[str, ...] = ()) -> str:
         """Set a CacheRuntime's ``replicas`` and wait for its workers (``datacache scale``);
         ``remove``: on scale-in, the workers to stop (``worker-<i>`` or ``<name>-worker-<i>``; by
-        default the highest indexes), see :mod:`.workerset`. Returns
+        default the highest indexes), see :mod:`datacache.cluster.workerset`. Returns
         ``cacheruntime.datacache.io/NAME scaled`` plus a note when not all are ready, or, for
         ``replicas`` 0 or 1, that the in-process cache serves (no worker processes). Raises
         ``ValueError`` for a name in ``remove`` that is not a worker's."""
         runtime = self.get("CacheRuntime", name, namespace)
         supervisor.drain_timeout()  # a wrong $DATACACHE_DRAIN_TIMEOUT_S fails before anything changes
         current = workerset.read(self.home, namespace, name)
-        if current is None and supervisor.distributed(runtime):
+        if current is None and distributed(runtime):
             current = list(range(runtime.spec.replicas))
         workerset.write(self.home, namespace, name,
                         workerset.plan(replicas, current, [workerset.index_of(w) for w in remove]))
         runtime.spec.replicas = replicas
         line = self.apply([runtime])[0].replace(" configured", " scaled").replace(" unchanged", " scaled")
-        return line if supervisor.distributed(runtime) else f"{line} (replicas {replicas}: {reconcile.IN_PROCESS_NOTE})"
+        return line if distributed(runtime) else f"{line} (replicas {replicas}: {reconcile.IN_PROCESS_NOTE})"
 
     def get(self, kind: str, name: str, namespace: str = "default"):
         """The resource model, or raises ResourceError naming what is missing."""
-        doc = self.state.get(kind, name, namespace)
-        if doc is None:
-            raise ResourceError(f"{kind.lower()} {namespace}/{name} not found: apply it first "
-                                f"(datacache apply -f FILE); see 'datacache get {kind.lower()}s'")
-        return load_resource_dict(doc, f"state:{kind}/{namespace}/{name}")
+        return self.paths.get(kind, name, namespace)
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict]:
         """Documents of ``kind`` with their status recomputed now."""
@@ -184,7 +182,7 @@ class Embedded:
 
     def _drop_stats(self, runtime) -> None:
         """Remove ``runtime``'s hit counters (``stats/<ns>/<name>``): they count its dataset's reads."""
-        shutil.rmtree(self._stats_dir(runtime), ignore_errors=True)
+        shutil.rmtree(layout.stats_dir(self.home, runtime), ignore_errors=True)
 
     def _release_mounts(self, namespace: str, name: str, force: bool) -> None:
         mounted = fuse_mounts_of(namespace, name)
@@ -196,17 +194,25 @@ class Embedded:
 
     def _drop_cache_dirs(self, runtime) -> None:
         """Remove every disk level's ``<level path>/<ns>/<name>`` of ``runtime`` (in-process and
-        ``worker-<i>`` caches): its blocks go with it, as a Fluid runtime's cache does."""
+        ``worker-<i>`` caches) and its file tier: its blocks go with it, as a Fluid runtime's cache
+        does."""
         for level in runtime.spec.tieredstore.levels:
             if level.path is not None:
-                shutil.rmtree(self._level_dir(runtime, level), ignore_errors=True)
+                shutil.rmtree(layout.level_dir(self.home, runtime, level), ignore_errors=True)
+        self._drop_file_tier(runtime)
+
+    def _drop_file_tier(self, runtime) -> None:
+        """Remove ``runtime``'s file tier (its files are all of its one dataset's versions)."""
+        where = layout.file_tier(self.home, runtime)
+        if where is not None:
+            shutil.rmtree(where[0], ignore_errors=True)
 
     def _drop_blocks(self, runtime, dataset: str) -> None:
         """Delete ``dataset``'s blocks from live workers (their MEM levels too) and from every
         cache directory of ``runtime`` on disk: in-process, and each ``worker-<i>``."""
-        if supervisor.distributed(runtime):
+        if distributed(runtime):
             try:
-                source = cluster_source.connect(self.home, runtime, None, self._budget)
+                source = cluster_source.connect(self.home, runtime, None, self.paths.budget)
             except ResourceError:
                 source = None  # never started: no worker token, nothing live
             if source is not None:
@@ -214,23 +220,27 @@ class Embedded:
                 source.close()
         workers = set()
         for level in runtime.spec.tieredstore.levels:
-            if level.path is not None and os.path.isdir(self._level_dir(runtime, level)):
-                workers.update(e for e in os.listdir(self._level_dir(runtime, level)) if e.startswith("worker-"))
+            if level.path is not None and os.path.isdir(layout.level_dir(self.home, runtime, level)):
+                workers.update(e for e in os.listdir(layout.level_dir(self.home, runtime, level)) if e.startswith("worker-"))
         for worker in [None, *sorted(workers)]:
             store = self.store_for(runtime, worker)
             try:
                 store.delete_prefix(f"{dataset}/")
             finally:
                 store.close()
+        self._drop_file_tier(runtime)
 
     def refresh_status(self, kind: str, name: str, namespace: str = "default") -> dict | None:
         """Recompute and store the status of one resource from observations."""
         previous = (self.state.get(kind, name, namespace) or {}).get("status") or {}
         if kind == "Dataset":
-            status = reconcile.dataset_status(self._observe(self.get(kind, name, namespace)))
+            obs, old_versions = self._observe(self.get(kind, name, namespace))
+            status = reconcile.dataset_status(obs)
+            if old_versions is not None:  # blocks no manifest names any more, until evicted (see README)
+                status["cacheStates"]["oldVersionsCached"] = format_bytes(old_versions)
         elif kind in ("CacheRuntime", "ThinRuntime"):
             rt = self.get(kind, name, namespace)
-            if supervisor.distributed(rt):
+            if distributed(rt):
                 status = reconcile.runtime_status(rt.spec.replicas, observe_workers(self.home, rt),
                                                   self._runtime_problem(rt))
             else:  # replicas 0 or 1: the in-process cache, no worker processes
@@ -249,18 +259,13 @@ class Embedded:
 
     # -- datasets --------------------------------------------------------------------------------
     def runtime_for(self, dataset: Dataset) -> CacheRuntime | ThinRuntime | None:
-        """The runtime bound to ``dataset`` (same name and namespace, as in Fluid): its CacheRuntime,
-        else its ThinRuntime."""
-        for kind in ("CacheRuntime", "ThinRuntime"):
-            doc = self.state.get(kind, dataset.metadata.name, dataset.metadata.namespace)
-            if doc:
-                return load_resource_dict(doc, "state")
-        return None
+        """The runtime bound to ``dataset`` (see :meth:`ReadPath.runtime_for`)."""
+        return self.paths.runtime_for(dataset)
 
     def sync(self, name: str, namespace: str = "default", on_progress=None) -> ManifestDiff:
         """Metadata sync: list every mount (streamed, bounded memory: see :mod:`.sync`), store a new
         manifest, return the diff to the old one; ``on_progress(files_listed)`` reports progress.
-        While it runs the Dataset's phase is Updating (for every process, see :mod:`.syncmark`);
+        While it runs the Dataset's phase is Updating (for every process, see :mod:`datacache.stack.syncmark`);
         a failed sync keeps the old manifest, sets phase Failed with the reason and re-raises
         (``ResourceError``/``UFSUnavailableError`` from the listing, ``OSError``)."""
         ds = self.get("Dataset", name, namespace)
@@ -284,37 +289,16 @@ class Embedded:
         return dataclasses.replace(diff, refreshed=tuple(extra))
 
     def load_manifest(self, ds: Dataset) -> Manifest | None:
-        path = self._manifest_path(ds)
-        return Manifest.load(path) if os.path.exists(path) else None
+        return self.paths.load_manifest(ds)
 
     def bound(self, name: str, namespace: str = "default") -> tuple[Dataset, CacheRuntime | ThinRuntime]:
-        """The Dataset and its runtime, or raises ResourceError naming which one is missing (cheap:
-        opens nothing)."""
-        ds = self.get("Dataset", name, namespace)
-        runtime = self.runtime_for(ds)
-        if runtime is None:
-            raise ResourceError(f"dataset {namespace}/{name} has no CacheRuntime: apply a CacheRuntime "
-                                f"(or ThinRuntime) named {name!r} in namespace {namespace!r} to cache it")
-        return ds, runtime
+        """The Dataset and its runtime (see :meth:`ReadPath.bound`)."""
+        return self.paths.bound(name, namespace)
 
     def open_dataset(self, name: str, namespace: str = "default") -> DatasetClient:
-        """A DatasetClient reading through the dataset's runtime cache. Raises ResourceError when
-        the dataset or its runtime is missing. Close it when done."""
-        ds, runtime = self.bound(name, namespace)
-        manifest = self.load_manifest(ds)
-        if manifest is None:
-            self.sync(name, namespace)
-            manifest = self.load_manifest(ds)
-        ufs = self.ufs_for(ds, runtime)
-        source = self._source(runtime, ufs)
-        def save(refreshed_manifest: Manifest, path: str) -> None:  # under the manifest write lock
-            refreshed_manifest.save(self._manifest_path(ds))
-            refreshed.record(self._dataset_dir(ds), path)
-
-        return DatasetClient(name, manifest, source, ufs, save,
-                             readahead=runtime.spec.fuse.read_ahead_blocks, load_manifest=lambda: self.load_manifest(ds),
-                             manifest_path=self._manifest_path(ds),
-                             manifest_lock=lambda: syncmark.manifest_write(self._dataset_dir(ds)))
+        """A DatasetClient reading through the dataset's runtime cache (see
+        :meth:`ReadPath.open_dataset`; a dataset never synced is synced first). Close it."""
+        return self.paths.open_dataset(name, namespace)
 
     def run_dataload(self, dataload: DataLoad, on_progress=None, cancel: threading.Event | None = None,
                      sync_first: bool = True):
@@ -352,7 +336,7 @@ class Embedded:
                 self.sync(ds.name, ds.namespace)
             client = self.open_dataset(ds.name, ds.namespace)
             result = warmup(client, [t.path for t in dataload.spec.target], on_progress=progress, cancel=cancel)
-            per_worker = getattr(client.source, "worker_progress", dict)()
+            per_worker = client.source.worker_progress()
         except BaseException as err:  # never left Executing: Failed, saying why
             reason = "Cancelled" if isinstance(err, KeyboardInterrupt) else "LoadFailed"
             self.state.set_status("DataLoad", meta.name, meta.namespace, {
@@ -392,7 +376,7 @@ class Embedded:
     def run_on_event(self, ds: Dataset, diff: ManifestDiff, refreshed_paths=()) -> list[str]:
         """Run the OnEvent DataLoads of ``ds`` whose targets hold files that ``diff`` (a metadata
         sync's) added or changed, or that readers refreshed since the last sync
-        (``refreshed_paths``, see :mod:`.refreshed`); returns their names. A failed run is in its
+        (``refreshed_paths``, see :mod:`datacache.stack.refreshed`); returns their names. A failed run is in its
         status, not raised."""
         fired = []
         manifest = None
@@ -418,9 +402,10 @@ class Embedded:
         return fired
 
     # -- internals -------------------------------------------------------------------------------
-    def _observe(self, ds: Dataset) -> reconcile.DatasetObservation:
+    def _observe(self, ds: Dataset) -> tuple[reconcile.DatasetObservation, int | None]:
         """The dataset's figures from the manifest and one scan of the stores' indexes (see
-        :mod:`.observe`); opens no UFS, so it needs no credentials."""
+        :mod:`.observe`), and the bytes of its blocks of versions the manifest no longer names
+        (None when unknown); opens no UFS, so it needs no credentials."""
         runtime = self.runtime_for(ds)
         manifest = self.load_manifest(ds)
         directory = self._dataset_dir(ds)
@@ -429,65 +414,51 @@ class Embedded:
                      file_num=manifest.file_num if manifest else 0,
                      ufs_total=manifest.total_size if manifest else 0)
         if runtime is None or manifest is None:
-            return reconcile.DatasetObservation(**known)
+            return reconcile.DatasetObservation(**known), None
         name = ds.metadata.name
         held: set[str] = set()
-        capacity = 0
+        capacity = stored = 0
         try:
             for store in self._stores(runtime):
                 try:
                     held.update(observe.store_keys(store))
+                    stored += observe.stored_bytes(store, f"{name}/")
                     capacity += store.capacity
                 finally:
                     store.close()
         except OSError as err:  # a cache directory that cannot be opened
-            return reconcile.DatasetObservation(**known, error=f"cache unreadable: {err}")
+            return reconcile.DatasetObservation(**known, error=f"cache unreadable: {err}"), None
         stats = self._stats(runtime)
         try:
             hits, misses = stats.get(name)
             remote = stats.remote_hits(name)
         finally:
             stats.close()
-        return reconcile.DatasetObservation(
-            **known, cached=observe.cached_bytes(manifest, held, name, runtime.spec.block_size_bytes),
-            capacity=capacity, hits=hits, misses=misses, remote_hits=remote)
+        cached = observe.cached_bytes(manifest, held, name, runtime.spec.block_size_bytes)
+        return reconcile.DatasetObservation(**known, cached=cached, capacity=capacity, hits=hits, misses=misses,
+                                            remote_hits=remote), max(stored - cached, 0)
 
     def _stores(self, runtime):
         """The stores holding ``runtime``'s blocks now: its in-process store, or each ready
         worker's own store (a worker that does not answer serves nothing, so its blocks do not count;
         a draining worker's blocks count once handed off to their new owners).
         External workers' stores are on their own pods' disks, not here: none."""
-        if not supervisor.distributed(runtime):
+        if not distributed(runtime):
             yield self.store_for(runtime)
             return
-        if supervisor.external_workers():
+        if membership.external():
             return
         for w in observe_workers(self.home, runtime):
             if w["ready"]:
                 yield self.store_for(runtime, worker="worker-" + w["name"].rsplit("-", 1)[1])
 
     def ufs_for(self, ds: Dataset, runtime=None) -> UnionNamespace:
-        """The dataset's mounts opened by its runtime (``runtime``, default the bound one): a
-        ThinRuntime's plugin or FUSE directory (started if needed), else the mounts' URLs. Raises
-        ResourceError when a ThinRuntime's profile is missing or its FUSE command fails."""
-        runtime = runtime or self.runtime_for(ds)
-        return UnionNamespace(ds, self.home, self._engine(runtime).opener(ds) if runtime else None)
-
-    def _engine(self, runtime):
-        """The runtime's engine (``datacache_runtimes``), given a ThinRuntime's profile."""
-        profile = None
-        if runtime.kind == "ThinRuntime":
-            name = runtime.spec.profile_name
-            doc = self.state.get("ThinRuntimeProfile", name)
-            if doc is None:
-                raise ResourceError(f"thinruntime {runtime.metadata.namespace}/{runtime.metadata.name}: "
-                                    f"spec.profileName: thinruntimeprofile {name!r} not found: apply it first")
-            profile = load_resource_dict(doc, f"state:ThinRuntimeProfile/{name}")
-        return engine_for(runtime, profile, self.home)
+        """The dataset's mounts opened by its runtime (see :meth:`ReadPath.ufs_for`)."""
+        return self.paths.ufs_for(ds, runtime)
 
     def _ready(self, runtime) -> bool:
         try:
-            return not self._runtime_problem(runtime) and self._engine(runtime).ready()
+            return not self._runtime_problem(runtime) and self.paths.engine(runtime).ready()
         except ResourceError:
             return False
 
@@ -497,7 +468,7 @@ class Embedded:
         if runtime.kind != "ThinRuntime":
             return ""
         try:
-            plugin = self._engine(runtime).profile.spec.plugin
+            plugin = self.paths.engine(runtime).profile.spec.plugin
         except ResourceError as err:
             return str(err)
         if plugin is not None and plugin not in plugin_schemes():
@@ -505,50 +476,39 @@ class Embedded:
                     f"installed (no entry point in group {RUNTIME_PLUGIN_GROUP!r}): pip install it")
         return ""
 
-    def _source(self, runtime: CacheRuntime, ufs):
-        """The block source: in-process, or the runtime's workers (``supervisor.distributed``:
-        replicas >= 2, or >= 1 when an orchestrator runs them), starting their supervisor again if
-        it is not running (after a reboot, say; never for external workers)."""
-        if not supervisor.distributed(runtime):
-            return LocalBlockSource(runtime.metadata.name, self.store_for(runtime), ufs,
-                                    runtime.spec.block_size_bytes, self._budget, self._stats(runtime))
-        ns, name = runtime.metadata.namespace, runtime.metadata.name
-        if supervisor.ensure_running(self.home, ns, name):
-            supervisor.wait_ready(self.home, ns, name, runtime.spec.replicas)
-        return cluster_source.connect(self.home, runtime, ufs, self._budget, self._stats(runtime))
-
-    def _level_dir(self, runtime: CacheRuntime, level, worker: str | None = None) -> str:
-        base = os.path.join(self.home, os.path.expanduser(level.path))
-        path = os.path.join(base, runtime.metadata.namespace, runtime.metadata.name)
-        return os.path.join(path, worker) if worker else path
-
     def store_for(self, runtime: CacheRuntime, worker: str | None = None, disk_tier=DiskTier) -> TieredStore:
-        """The tiered store of ``runtime``'s levels: the in-process cache, or with ``worker``
-        (``worker-<i>``) that worker's own cache under ``<level path>/<ns>/<name>/<worker>``;
-        ``disk_tier`` is the DiskTier class to use. Raises ``OSError`` if a directory cannot be made."""
-        levels = []
-        for level in runtime.spec.tieredstore.ordered_levels:
-            if level.mediumtype == "MEM":
-                levels.append(MemoryTier(level.quota_bytes, level.high, level.low))
-            else:
-                levels.append(disk_tier(self._level_dir(runtime, level, worker), level.quota_bytes, level.high,
-                                        level.low, level.mediumtype))
-        return TieredStore(levels)
+        """The tiered store of ``runtime``'s levels (see :meth:`ReadPath.store_for`)."""
+        return self.paths.store_for(runtime, worker, disk_tier)
 
     def _stats(self, runtime: CacheRuntime) -> HitStats:
-        return HitStats(self._stats_dir(runtime))
-
-    def _stats_dir(self, runtime) -> str:
-        return os.path.join(self.home, "stats", runtime.metadata.namespace, runtime.metadata.name)
+        return self.paths.hit_stats(runtime)
 
     def _dataset_dir(self, ds: Dataset) -> str:
-        return os.path.join(self.home, "datasets", ds.metadata.namespace, ds.metadata.name)
+        return layout.dataset_dir(self.home, ds.metadata.namespace, ds.metadata.name)
 
     def _manifest_path(self, ds: Dataset) -> str:
-        return os.path.join(self._dataset_dir(ds), "manifest.parquet")
+        return layout.manifest_path(self.home, ds.metadata.namespace, ds.metadata.name)
 
     def close(self) -> None:
         self.state.close()
+
+
+def read_path(home: str | None = None) -> ReadPath:
+    """A :class:`ReadPath` for readers of the embedded host at ``home`` (default
+    ``$DATACACHE_HOME``): ``datacache://`` and the FUSE daemon. Its hooks start a runtime's
+    workers again when they are not running, and sync a dataset never synced (with a plane made
+    for that call only). Close it when done."""
+    home = os.path.abspath(home or default_home())
+
+    def sync(name: str, namespace: str) -> None:
+        plane = Embedded(home)
+        try:
+            plane.sync(name, namespace)
+        finally:
+            plane.close()
+
+    return ReadPath(home, StateStore(home), ensure_workers=functools.partial(supervisor.ensure_workers, home),
+                    sync=sync)
 
 
 class ApplyError(ResourceError):
@@ -584,7 +544,7 @@ def _same_spec(old: dict, new: dict) -> bool:
 def _hidden_messages(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -> list[str]:
     """What a sync left out of the listing (naming the first ``shown_at_most`` dataset paths), and
     how to reach it: files shadowed by a directory of the same path, files dropped for a later
-    one with the same path."""
+    one with the same path, symbolic links (not followed)."""
     def shown(paths: tuple[str, ...], n: int) -> str:
         return ", ".join(paths[:shown_at_most]) + (", ..." if n > shown_at_most else "")
 
@@ -599,4 +559,10 @@ def _hidden_messages(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -
         messages.append(f"dataset {dataset}: {n} {files} hidden by another whose name normalises to the same "
                         f"dataset path (object keys like a//b and a/b; the one listed last is kept): "
                         f"{shown(diff.duplicate_paths, len(diff.duplicate_paths))}")
+    if n := diff.links:
+        links, targets, them = ("symbolic link", "its target", "it") if n == 1 else ("symbolic links", "their targets",
+                                                                                  "them")
+        messages.append(f"dataset {dataset}: {n} {links} skipped (links are not followed, whether valid, dangling, "
+                        f"looping or leading out of the mount): {shown(diff.link_paths, n)}; to read {targets}, "
+                        f"copy {them} into the source or add the directory holding {them} as another mount")
     return messages

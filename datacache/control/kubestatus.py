@@ -38,10 +38,12 @@ from lightkube.types import PatchType
 from datacache.api.crds import GROUP, PLURALS, VERSION
 from datacache.cluster import auth
 from datacache.cluster.client import LoopThread, WorkerClient
-from datacache.cluster.membership import Member, open_membership
+from datacache.cluster.member import Member
+from datacache.cluster.membership import open_membership
 from datacache.cluster.placement import lookup
-from datacache.control import dataloads, observe, reconcile, supervisor
-from datacache.control.state import now_iso
+from datacache.control import dataloads, observe, reconcile
+from datacache.stack import readpath
+from datacache.state import now_iso
 from datacache.errors import ResourceError
 from datacache.manifest import Manifest, ManifestDiff
 
@@ -169,7 +171,7 @@ def report(plane, name: str, namespace: str, diff: ManifestDiff, client: Client 
     """Report the sync of Dataset ``namespace/name`` that just ran in ``plane`` (an ``Embedded``)
     and returned ``diff``: patch the Dataset's status, mark the touched OnEvent DataLoads. Returns
     the names of the DataLoads marked. ``client``: from :func:`connect` (made here when None, and
-    closed either way). A runtime without cache workers (``supervisor.distributed`` false: replicas
+    closed either way). A runtime without cache workers (``readpath.distributed`` false: replicas
     0, or 1 outside a cluster) needs no worker token; its cache figures are ``-``. Raises
     ``ResourceError`` (one line, no credentials) when the API cannot be reached or refuses a call."""
     client = client or connect()
@@ -184,7 +186,7 @@ def _report(client: Client, plane, name: str, namespace: str, diff: ManifestDiff
     runtime = plane.runtime_for(ds)
     manifest = plane.load_manifest(ds)
     figures = None
-    if runtime is not None and supervisor.distributed(runtime):
+    if runtime is not None and readpath.distributed(runtime):
         members = open_membership(plane.home)
         try:
             live = members.live(namespace, runtime.metadata.name)

@@ -1,21 +1,12 @@
-"""FUSE mounts of a dataset, as the kernel lists them (``fsname=datacache:NS/NAME``).
-
-The FUSE layer is an optional extra (``datacache[fuse]``); without it no datacache mount can
-exist, so the answers are empty.
-"""
+"""FUSE mounts of a dataset, as the kernel lists them (``fsname=datacache:NS/NAME``)."""
 
 from __future__ import annotations
 
-try:
-    from datacache_fuse import mountinfo
-except ImportError:  # pragma: no cover - only without the 'fuse' extra
-    mountinfo = None
+from datacache import mountinfo
 
 
 def fuse_mounts_of(namespace: str, name: str) -> list[str]:
     """Mount points where dataset ``namespace``/``name`` is mounted (from /proc/self/mountinfo)."""
-    if mountinfo is None:
-        return []
     source = f"datacache:{namespace}/{name}"
     return [m.mountpoint for m in mountinfo.mounts() if m.is_fuse and m.source == source]
 

@@ -43,6 +43,12 @@ def cached_bytes(manifest: Manifest, stored: set[str], dataset: str, block_size:
                for key, length in zip(keys, lengths) if key in stored)
 
 
+def stored_bytes(store, prefix: str) -> int:
+    """Bytes of the blocks whose keys start with ``prefix`` on every level of a TieredStore that
+    can sum them (disk levels, as :func:`store_keys`): every version's, not only the current."""
+    return sum(level.prefix_bytes(prefix) for level in store.levels if hasattr(level, "prefix_bytes"))
+
+
 def store_keys(store) -> Iterable[str]:
     """Keys of every level of a TieredStore that can list them (disk levels); a MEM level of
     another process is not visible, and is empty in this one."""

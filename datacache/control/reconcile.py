@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from datacache.api.quantity import format_bytes
-from datacache.control.state import now_iso
+from datacache.state import now_iso
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,9 @@ def dataset_status(obs: DatasetObservation) -> dict:
 
 def runtime_status(desired: int, workers: list[dict], problem: str = "") -> dict:
     """The runtime's ``status`` from its ``desired`` worker count and the observed workers (dicts
-    with ``ready`` (bool), ``capacity`` and ``used`` in bytes). ``problem``: why the runtime cannot
-    work at all (e.g. a ThinRuntime's missing profile or plugin): phase Failed, with a condition."""
+    with ``ready`` (bool), ``capacity`` and ``used`` in bytes, and optionally ``name`` and
+    ``unhealthyTiers``: see :func:`tier_condition`). ``problem``: why the runtime cannot work at
+    all (e.g. a ThinRuntime's missing profile or plugin): phase Failed, with a condition."""
     ready = sum(1 for w in workers if w.get("ready"))
     if problem:
         phase = "Failed"
@@ -91,6 +92,7 @@ def runtime_status(desired: int, workers: list[dict], problem: str = "") -> dict
         phase = "PartialReady"
     else:
         phase = "NotReady"
+    tiers = tier_condition(workers)
     return {
         "phase": phase,
         "desiredWorkers": desired,
@@ -100,8 +102,28 @@ def runtime_status(desired: int, workers: list[dict], problem: str = "") -> dict
         "workers": workers,
         "conditions": [{"type": "Ready", "status": "True" if phase == "Ready" else "False",
                         "reason": "RuntimeFailed" if problem else phase, "message": problem or
-                        f"{ready} of {desired} worker(s) ready", "lastTransitionTime": now_iso()}],
+                        f"{ready} of {desired} worker(s) ready", "lastTransitionTime": now_iso()},
+                       *([tiers] if tiers else [])],
     }
+
+
+def tier_condition(workers: list[dict]) -> dict | None:
+    """Condition ``CacheTiersHealthy`` from the workers that report their disk levels (key
+    ``unhealthyTiers``: a list of ``{"medium", "path"}`` of levels that refuse writes, whose reads
+    go to the UFS); None when no worker reports them. False (reason ``TierUnhealthy``) names each
+    such worker and directory."""
+    reporting = [w for w in workers if "unhealthyTiers" in w]
+    if not reporting:
+        return None
+    bad = [f"worker {w.get('name', '?')}: {t['medium']} tier {t['path']}" for w in reporting for t in w["unhealthyTiers"]]
+    if bad:
+        status, reason = "False", "TierUnhealthy"
+        message = ("cache tier cannot be written, its reads go to the UFS uncached: " + "; ".join(bad)
+                   + ": make the directory writable by the worker's uid (README: cache directories on the node)")
+    else:
+        status, reason, message = "True", "TiersHealthy", f"the cache tiers of {len(reporting)} worker(s) take writes"
+    return {"type": "CacheTiersHealthy", "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": now_iso()}
 
 
 IN_PROCESS_NOTE = (

@@ -7,7 +7,7 @@ supervise``) converges, like a Kubernetes controller, on what the state database
 
 - every ``poll_s`` it reads the CacheRuntime (and its Dataset) from ``$DATACACHE_HOME/state.db``;
 - it starts worker ``i`` for each index ``i`` of the runtime's worker set (``replicas`` indexes,
-  see :mod:`.workerset`) that is not running (``datacache worker serve``, cache in
+  see :mod:`datacache.cluster.workerset`) that is not running (``datacache worker serve``, cache in
   ``<level path>/<ns>/<name>/worker-<i>``, port ``spec.worker.port + i`` or any free one),
   restarting crashed ones with a capped backoff, and restarting workers whose spec changed;
 - it stops workers whose index left the set (scale-in stops the workers the control plane named,
@@ -73,7 +73,8 @@ from datacache.cluster.auth import ensure_token, load_token, runtime_dir
 from datacache.cluster.client import LoopThread, WorkerClient
 from datacache.cluster import membership, merge
 from datacache.cluster.membership import Membership
-from datacache.control import workerset
+from datacache.cluster import workerset
+from datacache.stack import layout, readpath
 from datacache.errors import ConfigError
 
 log = logging.getLogger("datacache.supervisor")
@@ -114,13 +115,6 @@ def external_workers() -> bool:
     :func:`datacache.cluster.membership.external`): then this plane starts and stops none.
     Raises ``ConfigError`` for an unknown ``DATACACHE_MEMBERSHIP``."""
     return membership.external()
-
-
-def distributed(runtime) -> bool:
-    """Whether ``runtime`` (a CacheRuntime model) reads through cache workers: ``replicas`` >= 2 on
-    this machine, or >= 1 when the workers are external (a pod reading from the runtime's worker pods
-    must not cache in its own emptyDir)."""
-    return runtime.spec.replicas >= (1 if external_workers() else 2)
 
 
 # -- pid files ---------------------------------------------------------------------------------------
@@ -209,9 +203,18 @@ def ensure_running(home: str, namespace: str, name: str, timeout: float = 15.0) 
     return True
 
 
+def ensure_workers(home: str, runtime) -> None:
+    """Start the supervisor of ``runtime``'s workers again if it is not running (after a reboot,
+    say; never for external workers) and wait for them: the read path's ``ensure_workers`` hook
+    (see :mod:`datacache.stack.readpath`)."""
+    ns, name = runtime.metadata.namespace, runtime.metadata.name
+    if ensure_running(home, ns, name):
+        wait_ready(home, ns, name, runtime.spec.replicas)
+
+
 def wait_ready(home: str, namespace: str, name: str, replicas: int, timeout: float = READY_TIMEOUT_S) -> bool:
     """Wait until exactly the workers of the runtime's worker set (``replicas`` indexes, see
-    :mod:`.workerset`) are live and no worker is being drained; False after ``timeout`` seconds
+    :mod:`datacache.cluster.workerset`) are live and no worker is being drained; False after ``timeout`` seconds
     (plus the drain's bound while one is being drained)."""
     want = {f"worker-{i}" for i in workerset.desired(home, namespace, name, replicas)}
     members = Membership(home)
@@ -238,7 +241,7 @@ def converge(home: str, runtime, timeout: float = READY_TIMEOUT_S) -> str:
         return ""
     ns, name = runtime.metadata.namespace, runtime.metadata.name
     drain_timeout()  # a wrong value fails here, in the command, not later in the daemon
-    if not distributed(runtime):
+    if not readpath.distributed(runtime):
         kept = workerset.plan(1, workerset.read(home, ns, name))[0]
         stop(home, ns, name)
         return_cache(home, runtime, kept)
@@ -300,11 +303,10 @@ def take_drain_reports(home: str, namespace: str, name: str, indexes) -> list[st
 
 def _disk_levels(home: str, runtime):
     """``(level, in-process cache directory)`` of each disk level of ``runtime`` (the layout of
-    ``Embedded.store_for``: ``<level path>/<ns>/<name>``, workers' directories below it)."""
+    ``datacache.stack.layout``: ``<level path>/<ns>/<name>``, workers' directories below it)."""
     for level in runtime.spec.tieredstore.ordered_levels:
         if level.mediumtype != "MEM":
-            yield level, os.path.join(home, os.path.expanduser(level.path), runtime.metadata.namespace,
-                                      runtime.metadata.name)
+            yield level, layout.level_dir(home, runtime, level)
 
 
 def _disk_bases(home: str, runtime):
@@ -319,7 +321,7 @@ def merge_caches(home: str, runtime) -> list[str]:
     worker directory that held blocks of the dataset. Raises ``OSError`` if a directory cannot be
     opened."""
     from datacache.cache.disk import DiskTier
-    from datacache.cluster.worker import current_files
+    from datacache.stack.workerproc import current_files
 
     ns, name = runtime.metadata.namespace, runtime.metadata.name
     levels = [(level, base, merge.worker_dirs(base)) for level, base in _disk_levels(home, runtime)]
@@ -424,7 +426,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Supervise until the runtime goes away or SIGTERM; returns the exit status (0)."""
-        from datacache.control.state import StateStore
+        from datacache.state import StateStore
 
         private.makedirs(self.dir)
         lock = os.open(private.touch(os.path.join(self.dir, "supervisor.lock")), os.O_RDWR)

@@ -21,12 +21,13 @@ import fsspec.asyn
 from fsspec.core import url_to_fs
 from fsspec.registry import known_implementations, registry
 
-from datacache.api.models import plugin_schemes
-from datacache.entry import FileEntry
+from datacache.entry import FileEntry, SkippedLink
 from datacache.errors import ResourceError
-from datacache.manifest import normalize
+from datacache.manifest import DIR, normalize
 from datacache.ufs.credentials import redact, resolve_options
+from datacache.ufs.plugins import open_plugin_mount
 from datacache.ufs.retry import RETRY_OPTIONS, policy_from_options
+from datacache.ufs.schemes import plugin_schemes
 from datacache.ufs.versions import mtime_of, read_exact, version_of
 
 # Every UFS call is bounded: a stalled store must become an error, never a hang. The mount
@@ -78,8 +79,6 @@ class UnionNamespace:
 
     def _open_url(self, m, where: str, home: str) -> tuple[fsspec.AbstractFileSystem, str]:
         if m.scheme not in known_implementations and m.scheme not in registry and m.scheme in plugin_schemes():
-            from datacache_runtimes.plugins import open_plugin_mount  # the plugin API lives there
-
             return open_plugin_mount(m.scheme, m, home, where)
         options, secrets = resolve_options(m, home, where)
         self.secrets += secrets
@@ -95,10 +94,16 @@ class UnionNamespace:
             raise ResourceError(redact(f"{where}: cannot open mountPoint {m.mount_point!r}: {err} (check the "
                                        "mountPoint and its options)", self.secrets)) from None
 
-    def list_files(self) -> Iterator[FileEntry]:
+    def list_files(self) -> Iterator[FileEntry | SkippedLink]:
         """Every file of every mount, with its version, streamed: memory holds one listing page
         (S3) or one directory (other filesystems), never the whole listing. Order: S3 mounts in
         key order, others directory by directory (``control.sync`` sorts).
+
+        Directories come too, as entries whose path ends in '/' (size 0, version ''; see
+        :mod:`datacache.manifest`): each directory of a walked source, each directory marker of an
+        object store (a key ``valid/``), and the mount's own ``path`` (so an empty mount shows).
+        Symbolic links of a POSIX source are not followed (valid, dangling, looping or leading out
+        of the mount alike): each comes as a :class:`SkippedLink`, for the sync to name.
 
         Raises :class:`ResourceError` naming the dataset, the mount and its mountPoint when a mount
         cannot be listed (missing root, unreachable endpoint, bad credentials); secret values are
@@ -108,15 +113,26 @@ class UnionNamespace:
             try:
                 for info in _stream_infos(mount.fs, mount.root):
                     ufs_path = info["name"]
-                    if info.get("type") != "file" or ufs_path.endswith("/"):  # "folder/" marker objects
+                    kind = info.get("type")
+                    if kind == "directory" or ufs_path.endswith("/"):  # also "folder/" marker objects
+                        path = _namespace_path(mount, ufs_path.rstrip("/"), where)
+                        if path:  # not the mount's root (its row comes last)
+                            yield FileEntry(path + DIR, mount.name, ufs_path, 0, mtime_of(info), "")
+                        continue
+                    if kind != "file" and not info.get("islink"):  # sockets, FIFOs, devices
                         continue
                     path = _namespace_path(mount, ufs_path, where)
                     if path is None:
+                        continue
+                    if info.get("islink"):  # fsspec's local info: type 'other' for every link
+                        yield SkippedLink(path, mount.name, ufs_path)
                         continue
                     if info.get("size") is None:  # listings that give no size (HTTP index pages)
                         info = mount.fs.info(ufs_path)
                     yield FileEntry(path, mount.name, ufs_path, int(info["size"]),
                                     mtime_of(info), version_of(mount.fs, info))
+                if mount.prefix:
+                    yield FileEntry(normalize(mount.prefix) + DIR, mount.name, mount.root, 0, 0.0, "")
             except FileNotFoundError:
                 raise ResourceError(f"{where}: mountPoint {mount.root!r} does not exist in the UFS: "
                                     "fix the mountPoint or create it") from None
@@ -166,9 +182,9 @@ def _stream_infos(fs: fsspec.AbstractFileSystem, root: str) -> Iterator[dict]:
 
     S3 (s3fs): one flat ListObjectsV2 listing (no delimiter), page by page through s3fs's own
     paginated ``_iterdir`` — s3fs's ``find`` would collect every key first. Others: ``walk``, one
-    directory at a time, raising on errors (its default would silently drop an unreadable
-    directory, which a sync would then report as deleted). Raises FileNotFoundError when ``root``
-    does not exist.
+    directory at a time (its subdirectories' infos, then its files'), raising on errors (its
+    default would silently drop an unreadable directory, which a sync would then report as
+    deleted). Raises FileNotFoundError when ``root`` does not exist.
     """
     found = False
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
@@ -179,8 +195,9 @@ def _stream_infos(fs: fsspec.AbstractFileSystem, root: str) -> Iterator[dict]:
             found = True
             yield from page
     else:
-        for _, _, files in fs.walk(root, detail=True, on_error="raise"):
+        for _, dirs, files in fs.walk(root, detail=True, on_error="raise"):
             found = True
+            yield from dirs.values()
             yield from files.values()
     if not found:  # an empty directory, a single file, or nothing at all (FileNotFoundError)
         info = fs.info(root)

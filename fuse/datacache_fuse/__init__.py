@@ -8,8 +8,8 @@ DataLoader unchanged. The package is split by job:
 - :mod:`.errmap`   — the one place where Python exceptions become errno values;
 - :mod:`.ops`      — the ``pyfuse3.Operations`` subclass: translates requests into DatasetClient
   calls, nothing more (it knows nothing of workers, UFS or caching policy);
-- :mod:`.mountinfo` — what the kernel says about a mount point: live, dead (ENOTCONN) or none,
-  lazy unmount, the bdi read-ahead window;
+- :mod:`datacache.mountinfo` (core, shared with the control plane) — what the kernel says about
+  a mount point: live, dead (ENOTCONN) or none, lazy unmount, the bdi read-ahead window;
 - :mod:`.daemon`   — one FUSE daemon process: open the dataset, mount, serve, clean up;
 - :mod:`.launcher` — ``--background`` (detached daemon, wait for the mount) and ``--restart``
   (a supervisor that re-mounts when the daemon dies);

@@ -12,15 +12,15 @@ import os
 
 import click
 
-from datacache_fuse import mountinfo
+from datacache import mountinfo
 from datacache_fuse.daemon import MountError, check_empty, log_path, serve
 from datacache_fuse.launcher import daemon_argv, start_background, supervise
 from datacache_fuse.launcher import unmount as _unmount
-from datacache_fuse.mountinfo import MountState
+from datacache.mountinfo import MountState
 
 
 def _home(home: str | None) -> str:
-    from datacache.control.state import default_home
+    from datacache.state import default_home
 
     return os.path.abspath(home or default_home())
 
@@ -40,16 +40,16 @@ class _UserError(click.ClickException):
 
 def _check_dataset(home: str, dataset: str, namespace: str) -> None:
     """Raise ``ResourceError`` (one line, with the fix) unless ``dataset`` exists with a runtime."""
-    from datacache.control.embedded import Embedded
+    from datacache.control.embedded import read_path
     from datacache.errors import ResourceError
 
-    plane = Embedded(home)
+    paths = read_path(home)
     try:
-        if plane.runtime_for(plane.get("Dataset", dataset, namespace)) is None:
+        if paths.runtime_for(paths.get("Dataset", dataset, namespace)) is None:
             raise ResourceError(f"dataset {namespace}/{dataset} has no CacheRuntime: apply a CacheRuntime "
                                 f"(or ThinRuntime) named {dataset!r} in namespace {namespace!r} to mount it")
     finally:
-        plane.close()
+        paths.close()
 
 
 @click.command()

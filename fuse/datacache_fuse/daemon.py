@@ -8,7 +8,7 @@ Order, and why:
    lazily unmounted (case C11), a live one is refused, a missing directory is created.
 3. ``pyfuse3.init`` mounts (read-only, ``default_permissions``, ``fsname=datacache:NS/NAME``,
    type ``fuse.datacache``); once the kernel's INIT is answered the bdi read-ahead is widened
-   to 1 MiB (see :mod:`.mountinfo`). pyfuse3 runs on asyncio (``pyfuse3.asyncio.enable()``);
+   to 1 MiB (see :mod:`datacache.mountinfo`). pyfuse3 runs on asyncio (``pyfuse3.asyncio.enable()``);
    blocking reads run in the operations' worker pool.
 4. The loop ends when the mount goes away (``datacache unmount``: a lazy unmount ends the session
    once the last open file is closed) or on SIGTERM/SIGINT/SIGHUP, which unmount (lazily, as
@@ -33,8 +33,8 @@ import threading
 import time
 from typing import Iterable
 
-from datacache_fuse import mountinfo
-from datacache_fuse.mountinfo import MountState
+from datacache import mountinfo
+from datacache.mountinfo import MountState
 
 log = logging.getLogger("datacache_fuse")
 
@@ -229,8 +229,8 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
     e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
     """
-    from datacache.control.embedded import Embedded
-    from datacache.control.state import default_home
+    from datacache.control.embedded import read_path
+    from datacache.state import default_home
 
     if transport not in TRANSPORTS:
         raise MountError(f"unknown FUSE transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
@@ -241,11 +241,11 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     setup_logging(logfile, debug=debug, stderr=stderr)
     log.info("mounting %s/%s at %s (pid %d)", namespace, dataset, mountpoint, os.getpid())
 
-    plane = Embedded(home)
+    paths = read_path(home)
     client = None
     try:
-        runtime = plane.runtime_for(plane.get("Dataset", dataset, namespace))
-        client = plane.open_dataset(dataset, namespace)  # ResourceError without a runtime
+        runtime = paths.runtime_for(paths.get("Dataset", dataset, namespace))
+        client = paths.open_dataset(dataset, namespace)  # ResourceError without a runtime
         fuse_spec = runtime.spec.fuse
         opts = mount_options(dataset, namespace, fuse_spec.options, options)
         prepare_mountpoint(mountpoint, allow_nonempty=allow_nonempty)
@@ -295,7 +295,7 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     finally:
         if client is not None:
             client.close()
-        plane.close()
+        paths.close()
 
 
 def _serve_kernel(client, name: str, mountpoint: str, opts: set[str], home: str, logfile: str, *,

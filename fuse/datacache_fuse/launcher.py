@@ -25,9 +25,9 @@ import subprocess
 import sys
 import time
 
-from datacache_fuse import mountinfo
+from datacache import mountinfo
 from datacache_fuse.daemon import MountError, ensure_private_dir, read_state
-from datacache_fuse.mountinfo import MountState
+from datacache.mountinfo import MountState
 
 log = logging.getLogger("datacache_fuse")
 
@@ -159,7 +159,7 @@ def unmount(mountpoint: str, home: str | None = None, wait: float = 5.0) -> str:
     Returns a one-line report. Raises :class:`MountError` when nothing (or no FUSE file system) is
     mounted there, or :class:`mountinfo.UnmountError` when the kernel refuses.
     """
-    from datacache.control.state import default_home
+    from datacache.state import default_home
 
     home = os.path.abspath(home or default_home())
     mountpoint = mountinfo.canonical(mountpoint)

@@ -141,7 +141,7 @@ async def reconcile_runtime(body: Any, patch: kopf.Patch) -> None:
     workload_status = (observed or {}).get("status") or {}
     desired = (workload_status.get("desiredNumberScheduled") if workload["kind"] == "DaemonSet"
                else runtime.spec.replicas)
-    workers = [{"name": m.name, "ready": True, "capacity": m.capacity, "used": m.used} for m in metrics]
+    workers = [observe.status_entry(m) for m in metrics]
     status = reconcile.runtime_status(desired or 0, workers)
     status["selector"] = manifests.selector(runtime)
     patch.status.update(status)

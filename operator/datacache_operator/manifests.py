@@ -15,7 +15,8 @@ to its resource, so deleting the resource deletes them (Kubernetes' garbage coll
 
 Tiered-store volumes, per level: MEM lives in the worker's memory (its quota is added to the
 container's memory request); an absolute ``path`` is a hostPath directory on the node (cache that
-survives pod restarts, e.g. a node's NVMe); a relative ``path`` is an emptyDir with
+survives pod restarts, e.g. a node's NVMe), whose runtime directory the init container
+``cache-dirs`` hands to the non-root worker (:func:`cache_dirs_init`); a relative ``path`` is an emptyDir with
 ``sizeLimit`` = quota under ``$DATACACHE_HOME``. Secrets named by ``encryptOptions`` are mounted
 read-only as files at ``$DATACACHE_HOME/secrets/<secret>/<key>``, where the embedded credential
 lookup (:mod:`datacache.ufs.credentials`) reads them: values never appear in a pod spec.
@@ -179,6 +180,35 @@ RESTRICTED = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
               "capabilities": {"drop": ["ALL"]}}
 """securityContext of every non-privileged datacache container (the Pod Security "restricted" level)."""
 
+CACHE_DIR_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+"""What the ``cache-dirs`` init container keeps of root: chown, mkdir through a 0700 directory of
+another uid (a restart), chmod of a directory another uid owns."""
+
+
+def runtime_cache_dir(level_path: str, runtime: CacheRuntime) -> str:
+    """The directory of ``runtime``'s workers under a tier's ``level_path``:
+    ``<path>/<namespace>/<name>`` (each worker keeps ``worker-<index>`` in it, see
+    :meth:`datacache.control.embedded.Embedded.store_for`)."""
+    return posixpath.join(level_path, runtime.metadata.namespace, runtime.metadata.name)
+
+
+def cache_dirs_init(runtime: CacheRuntime, settings: Settings, mounts: list[dict]) -> dict[str, Any]:
+    """Init container ``cache-dirs`` making each hostPath tier usable by the non-root worker (uid
+    10001): the runtime's directory there (:func:`runtime_cache_dir`) is created, set to mode 0700
+    and owned by 10001:10001. Needed because the kubelet creates a ``DirectoryOrCreate`` hostPath
+    owned by root with mode 0755, and ``fsGroup`` does not apply to hostPath volumes (Kubernetes
+    docs, "Configure a Security Context for a Pod"). ``mounts``: the hostPath volumeMounts (mounted
+    at their level paths). It runs as root with every capability dropped but
+    :data:`CACHE_DIR_CAPABILITIES`, and never touches the level path itself (it may be a disk's root)."""
+    steps: list[list[str]] = []
+    for mount in mounts:
+        path = runtime_cache_dir(mount["mountPath"], runtime)
+        steps += [["mkdir", "-p", path], ["chmod", "0700", path], ["chown", f"{_NON_ROOT}:{_NON_ROOT}", path]]
+    return {"name": "cache-dirs", "image": settings.image, "command": shell(*steps),
+            "securityContext": {**RESTRICTED, "runAsUser": 0, "runAsNonRoot": False,
+                                "capabilities": {"drop": ["ALL"], "add": CACHE_DIR_CAPABILITIES}},
+            "volumeMounts": mounts}
+
 
 def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any], settings: Settings,
                     profile: ThinRuntimeProfile | None = None) -> dict[str, Any]:
@@ -191,6 +221,7 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
     volumes, mounts = base_volumes(runtime)
     secret_vols, secret_mounts = secret_volumes(dataset)
     memory = 256 * 1024**2  # the process itself and the read-ahead budget
+    host_mounts = []
     for level in runtime.spec.tieredstore.levels:
         if level.mediumtype == "MEM":
             memory += level.quota_bytes
@@ -199,7 +230,7 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
         volume = _level_volume_name(level.mediumtype)
         if level.path.startswith("/"):
             volumes.append({"name": volume, "hostPath": {"path": level.path, "type": "DirectoryOrCreate"}})
-            mounts.append({"name": volume, "mountPath": level.path})
+            host_mounts.append({"name": volume, "mountPath": level.path})
         else:
             volumes.append({"name": volume, "emptyDir": {"sizeLimit": str(level.quota_bytes)}})
             mounts.append({"name": volume, "mountPath": posixpath.join(HOME, level.path)})
@@ -224,7 +255,7 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
         "resources": {"requests": {"memory": str(memory)}},
         "securityContext": RESTRICTED,
-        "volumeMounts": mounts + secret_mounts,
+        "volumeMounts": mounts + host_mounts + secret_mounts,
     }
     if profile is not None and profile.spec.fuse is not None:
         device_volumes, device = fuse_device(settings, "dev-fuse")
@@ -239,6 +270,8 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
                  "securityContext": {"runAsNonRoot": True, "runAsUser": _NON_ROOT, "fsGroup": _NON_ROOT},
                  "enableServiceLinks": False},
     }
+    if host_mounts:
+        pod["spec"]["initContainers"] = [cache_dirs_init(runtime, settings, host_mounts)]
     if dataset.spec.node_affinity:
         pod["spec"]["affinity"] = {"nodeAffinity": dataset.spec.node_affinity}
     spec: dict[str, Any] = {"selector": {"matchLabels": worker_labels(runtime)}, "template": pod}

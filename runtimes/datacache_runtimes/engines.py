@@ -1,25 +1,26 @@
-"""Runtimes by kind: what the control plane asks of the runtime bound to a Dataset.
+"""The ThinRuntime engine: what the control plane asks of a thin runtime bound to a Dataset.
 
-As in Fluid, runtimes are built by name through one small factory, :func:`engine_for`, and all
-answer the same three calls: ``opener(dataset)`` (how the Dataset's mounts become filesystems;
-``None``: each mount's URL through fsspec), ``ready()`` and ``stop()``. The cache on top (tiers,
+As in Fluid, runtimes are built by name through one small factory
+(``datacache.stack.engines.engine_for``, which finds this module through entry-point group
+``datacache.engines``), and all answer the same three calls: ``opener(dataset)`` (how the
+Dataset's mounts become filesystems; ``None``: each mount's URL through fsspec), ``ready()`` and
+``stop()``. The cache on top (tiers,
 blocks, warmup, ``datacache://``, the readers' FUSE mount, status) is the same for every runtime
 and stays in the control plane, so a thin runtime gets all of it unchanged.
 
-- ``CacheEngine``: the built-in cache runtime (``CacheRuntime``); nothing to start or stop.
-- ``ThinEngine``: a ``ThinRuntime`` over its ``ThinRuntimeProfile``: either a Python plugin opens
-  each mount, or the profile's FUSE command mounts them and the mounted directory is read as local
-  files (:class:`MountedDirFileSystem`).
+``ThinEngine``: a ``ThinRuntime`` over its ``ThinRuntimeProfile``: either a Python plugin opens
+each mount, or the profile's FUSE command mounts them and the mounted directory is read as local
+files (:class:`MountedDirFileSystem`).
 """
 
 from __future__ import annotations
 
 from fsspec.implementations.local import LocalFileSystem
 
-from datacache.api.models import API_VERSION, register_scheme
+from datacache.api.models import API_VERSION
+from datacache.ufs.plugins import open_plugin_mount
+from datacache.ufs.secretfiles import secret_files
 from datacache_runtimes.fusecmd import FuseCommand
-from datacache_runtimes.plugins import open_plugin_mount
-from datacache_runtimes.secretfiles import secret_files
 
 
 class MountedDirFileSystem(LocalFileSystem):
@@ -33,19 +34,6 @@ class MountedDirFileSystem(LocalFileSystem):
     """
 
     protocol = ("thin-mount",)
-
-
-class CacheEngine:
-    """The built-in cache runtime: mounts are read through their own URLs."""
-
-    def opener(self, dataset):
-        return None
-
-    def ready(self) -> bool:
-        return True
-
-    def stop(self) -> None:
-        pass
 
 
 class ThinEngine:
@@ -95,11 +83,10 @@ class ThinEngine:
         self.fuse.stop()
 
 
-def engine_for(runtime, profile, home: str):
-    """The engine of ``runtime`` (a CacheRuntime, or a ThinRuntime with its ``profile``)."""
-    if runtime.kind == "ThinRuntime":
-        return ThinEngine(runtime, profile, home)
-    return CacheEngine()
+def engine(runtime, profile, home: str) -> ThinEngine:
+    """The engine of ThinRuntime ``runtime`` over its ``profile`` (called by
+    ``datacache.stack.engines.engine_for``, which finds this module by entry point)."""
+    return ThinEngine(runtime, profile, home)
 
 
 def stop_runtime(runtime, home: str) -> None:
@@ -107,9 +94,3 @@ def stop_runtime(runtime, home: str) -> None:
     profile was deleted. Never raises for a runtime that runs nothing."""
     if runtime.kind == "ThinRuntime":
         FuseCommand(home, runtime.metadata.namespace, runtime.metadata.name).stop()
-
-
-def register_profile_schemes(profile_docs: list[dict]) -> None:
-    """Let mounts use stored profiles' ``fileSystemType`` as their URL scheme (in a new process)."""
-    for doc in profile_docs:
-        register_scheme(doc["spec"]["fileSystemType"])

@@ -40,8 +40,8 @@ import time
 
 from datacache import private
 from datacache.errors import ResourceError
-from datacache_fuse.mountinfo import canonical, lazy_unmount, mounts
-from datacache_runtimes.secretfiles import write_private
+from datacache.mountinfo import canonical, lazy_unmount, mounts
+from datacache.ufs.secretfiles import write_private
 
 CONFIG_VAR, TARGET_VAR = "DATACACHE_THIN_CONFIG", "DATACACHE_THIN_TARGET"
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL

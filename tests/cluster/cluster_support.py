@@ -11,8 +11,10 @@ import urllib.request
 from datacache.api.loader import load_resource_dict
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.blocks import block_count, block_range, file_id
+from datacache.cache.disk import DiskTier
 from datacache.client import DatasetClient
-from datacache.cluster.membership import Member, Membership
+from datacache.cluster.member import Member
+from datacache.cluster.membership import Membership
 from datacache.cluster.source import connect
 from datacache.control import supervisor
 from datacache.control.embedded import Embedded
@@ -119,6 +121,21 @@ def open_client(plane: Embedded, name: str, **options) -> DatasetClient:
         runtime = plane.get("CacheRuntime", name)
         client.source = connect(plane.home, runtime, client.ufs, MemoryBudget(256 * MiB), None, **options)
     return client
+
+
+def corrupt_block_files(directories, key: str) -> int:
+    """Overwrite the first 64 bytes of block ``key``'s file in each cache directory holding it
+    (behind the cache's back); returns how many files were damaged."""
+    damaged = 0
+    for path in directories:
+        tier = DiskTier(path, 1 << 40)
+        block_file = tier.block_file(key)
+        tier.close()
+        if block_file:
+            with open(block_file, "r+b") as f:
+                f.write(b"\xff" * 64)
+            damaged += 1
+    return damaged
 
 
 def processes_of(home) -> list[int]:

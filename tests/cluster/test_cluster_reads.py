@@ -17,8 +17,8 @@ import urllib.request
 
 import pytest
 
-from cluster_support import (MiB, apply_cluster, block_bytes, disrupt_mid_read, kill_worker, live, open_client,
-                             stored_keys, wait_restarted, worker_dirs, worker_metrics)
+from cluster_support import (MiB, apply_cluster, block_bytes, corrupt_block_files, disrupt_mid_read, kill_worker, live,
+                             open_client, stored_keys, wait_restarted, worker_dirs, worker_metrics)
 from datacache.api.quantity import format_bytes
 from datacache.cache.blocks import checksum
 from datacache.cache.disk import DiskTier
@@ -264,13 +264,7 @@ def test_a_corrupt_block_on_a_worker_is_never_returned(cluster, module_home):
     client = plane.open_dataset(NAME)
     warmup(client, ["local/multi.bin"])
     key = str(client.source.key(client.stat("local/multi.bin"), 2))
-    for wid, path in worker_dirs(module_home, NAME).items():
-        tier = DiskTier(path, 1 << 40)
-        block_file = tier.block_file(key)
-        tier.close()
-        if block_file:
-            with open(block_file, "r+b") as f:
-                f.write(b"\xff" * 64)
+    assert corrupt_block_files(worker_dirs(module_home, NAME).values(), key) >= 1
     client.close()
     for short_circuit in (True, False):
         reader = open_client(plane, NAME, short_circuit=short_circuit)

@@ -16,7 +16,8 @@ import pytest
 from cluster_support import (MiB, apply_cluster, block_bytes, live, open_client, stored_keys, wait_for,
                              write_files)
 from datacache.cluster.auth import runtime_dir
-from datacache.cluster.membership import Member, Membership
+from datacache.cluster.member import Member
+from datacache.cluster.membership import Membership
 from datacache.control.supervisor import read_pid
 from datacache.dataload import warmup
 from datacache.demo.data import sha256_bytes

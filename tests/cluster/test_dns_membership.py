@@ -34,7 +34,8 @@ from cluster_support import (MiB, apply_cluster, block_bytes, live, open_client,
                              stored_keys, wait_for, worker_metrics)
 from datacache.api.loader import load_resource_dict, load_resources
 from datacache.control import supervisor
-from datacache.control.state import StateStore
+from datacache.stack import readpath
+from datacache.state import StateStore
 from datacache.errors import ConfigError
 from datacache.cluster.discovery import DnsMembership, MembershipUnavailableError, srv_name
 from datacache.cluster.placement import owners
@@ -352,10 +353,10 @@ def test_unknown_membership_kind_is_a_clear_error(monkeypatch):
     _dataset, runtime = runtime_docs(NAME, [{"name": "local", "mountPoint": "/data"}],
                                      [{"mediumtype": "SSD", "path": "cache", "quota": "1Mi"}], 1, "256Ki")
     monkeypatch.setenv("DATACACHE_MEMBERSHIP", "dns")
-    assert supervisor.external_workers() and supervisor.distributed(runtime)
+    assert supervisor.external_workers() and readpath.distributed(runtime)
     monkeypatch.setenv("DATACACHE_MEMBERSHIP", "embedded")
-    assert not supervisor.external_workers() and not supervisor.distributed(runtime)
+    assert not supervisor.external_workers() and not readpath.distributed(runtime)
     monkeypatch.setenv("DATACACHE_MEMBERSHIP", "k8s")
     with pytest.raises(ConfigError) as err:
-        supervisor.distributed(runtime)
+        readpath.distributed(runtime)
     assert str(err.value) == "environment: DATACACHE_MEMBERSHIP: 'k8s' is not a membership kind (set embedded or dns)"

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from datacache.api.quantity import format_bytes
-from datacache.control import syncmark
+from datacache.stack import syncmark
 from datacache.dataload import warmup
 from datacache.errors import ResourceError
 from support import apply_dataset, s3_mount

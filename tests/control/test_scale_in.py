@@ -18,7 +18,7 @@ from datacache.api.quantity import format_bytes
 from datacache.cache.blocks import file_id
 from datacache.cache.disk import DiskTier
 from datacache.cluster import placement
-from datacache.control import workerset
+from datacache.cluster import workerset
 from datacache.control.controller import Controller
 
 KiB = 1024

@@ -11,7 +11,7 @@ import time
 import yaml
 
 from datacache.control.embedded import Embedded
-from datacache.control.state import StateStore
+from datacache.state import StateStore
 from test_cli_usability import dc, local_dataset
 
 

@@ -167,7 +167,7 @@ def daemon_pid(env_home: str, mountpoint: str) -> int | None:
 
 
 def is_listed(mountpoint: str) -> bool:
-    from datacache_fuse.mountinfo import mounted_at
+    from datacache.mountinfo import mounted_at
 
     top = mounted_at(mountpoint)
     return top is not None and top.is_fuse

@@ -16,7 +16,7 @@ import pytest
 
 from fuse_support import (S3_KEY, S3_SECRET, apply_dataset, cli, daemon_pid, force_cleanup, is_listed,
                       mount, sha256, sha256_path, wait_until)
-from datacache_fuse.mountinfo import MountState, mounted_at, probe
+from datacache.mountinfo import MountState, mounted_at, probe
 
 
 def _alive(pid: int) -> bool:

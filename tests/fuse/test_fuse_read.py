@@ -198,7 +198,7 @@ def test_keep_cache_serves_a_second_epoch_from_the_page_cache(mnt, fuse_env):
 
 
 def test_kernel_requests_are_one_mib(mnt):
-    from datacache_fuse.mountinfo import mounted_at
+    from datacache.mountinfo import mounted_at
 
     top = mounted_at(mnt)
     knob = f"/sys/class/bdi/{top.dev}/read_ahead_kb"

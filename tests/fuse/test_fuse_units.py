@@ -8,7 +8,7 @@ import os
 import pytest
 
 from datacache.errors import StaleFileError, UFSUnavailableError
-from datacache_fuse import mountinfo
+from datacache import mountinfo
 from datacache_fuse.daemon import mount_options
 from datacache_fuse.errmap import errno_of
 from datacache_fuse.inodes import ROOT, InodeTable

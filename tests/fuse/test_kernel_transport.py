@@ -22,7 +22,7 @@ import pytest
 
 from datacache.demo.data import sha256_bytes as sha
 from datacache.demo.data import sha256_file as sha_file
-from datacache_fuse import mountinfo
+from datacache import mountinfo
 from datacache_fuse.kernel.abi import Op
 from datacache_fuse.kernel.mirror import MirrorOperations
 from datacache_fuse.kernel.operations import OpenOut

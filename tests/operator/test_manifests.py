@@ -4,7 +4,11 @@ what the runtime needs (tiered-store volumes, owner, token by reference, secrets
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import subprocess
+import sys
+import tempfile
 
 import pytest
 import yaml
@@ -237,3 +241,56 @@ def test_cluster_domain_reaches_every_pod(monkeypatch):
         Settings.from_env()
     assert str(err.value) == ("DATACACHE_CLUSTER_DOMAIN='Corp_Example': not a DNS domain (e.g. cluster.local); "
                               "set the chart's operator.clusterDomain to the kubelet's --cluster-domain")
+
+
+_AS_WORKER = ["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups"]
+_TIER_CHECK = """
+import sys
+from datacache.cache.disk import DiskTier
+tier = DiskTier(sys.argv[1], 1 << 20)
+print(tier.healthy and tier.put("ds/f/0", b"x" * 4096) and tier.get("ds/f/0") == b"x" * 4096)
+"""
+
+
+def _worker_can_cache(path):
+    """Whether a process of the worker's uid (10001) opens a DiskTier at ``path`` healthy and
+    keeps a block there (what ``datacache worker serve`` does with its tier)."""
+    out = subprocess.run([*_AS_WORKER, sys.executable, "-c", _TIER_CHECK, path], capture_output=True, text=True,
+                         env={**os.environ, "HOME": "/tmp"}, check=True).stdout.split()
+    return out[-1] == "True"
+
+
+def test_host_path_tier_is_handed_to_the_worker_uid():
+    """A hostPath tier as the kubelet creates it (DirectoryOrCreate: root, 0755) cannot be written
+    by the worker (uid 10001; fsGroup does not apply to hostPath). The rendered init container,
+    run here with only the capabilities it declares, makes the runtime's directory there 0700 and
+    the worker's, and the worker then caches in it; a second run (pod restart) changes nothing."""
+    node = tempfile.mkdtemp(prefix="node-", dir="/tmp")
+    try:
+        os.chmod(node, 0o755)
+        level = os.path.join(node, "nvme")
+        os.mkdir(level, 0o755)  # what the kubelet makes for DirectoryOrCreate
+        dataset, runtime, _ = load_resources("k8s.yaml", RESOURCES.replace("/mnt/nvme/datacache", level))
+        for kind in ("StatefulSet", "DaemonSet"):
+            workload = manifests.worker_workload(dataset, runtime, _owner(runtime), Settings(worker_kind=kind))
+            validate(workload)
+            pod = workload["spec"]["template"]["spec"]
+            assert (pod["securityContext"]["runAsUser"], pod["containers"][0]["securityContext"]) == (
+                10001, manifests.RESTRICTED)
+            (init,) = pod["initContainers"]
+            assert init["securityContext"] == {
+                "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsUser": 0,
+                "runAsNonRoot": False, "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}}
+            assert init["volumeMounts"] == [{"name": "cache-ssd", "mountPath": level}]
+            assert {"name": "cache-ssd", "mountPath": level} in pod["containers"][0]["volumeMounts"]
+        worker_dir = os.path.join(level, "ml", "imagenet", "worker-0")
+        assert not _worker_can_cache(worker_dir)  # today's failure: every read goes to the UFS
+        caps = ["setpriv", "--bounding-set=-all,+chown,+dac_override,+fowner", "--inh-caps=-all"]
+        for _ in range(2):
+            subprocess.run([*caps, *init["command"]], check=True)
+            runtime_dir = os.stat(os.path.join(level, "ml", "imagenet"))
+            assert (runtime_dir.st_uid, runtime_dir.st_gid, stat.S_IMODE(runtime_dir.st_mode)) == (10001, 10001, 0o700)
+            assert _worker_can_cache(worker_dir)
+        assert (os.stat(level).st_uid, stat.S_IMODE(os.stat(level).st_mode)) == (0, 0o755)  # the level itself: untouched
+    finally:
+        shutil.rmtree(node)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 import pytest
@@ -17,7 +18,12 @@ import yaml
 
 from datacache.api.loader import load_resources
 from datacache.api.quantity import format_bytes
-from datacache_operator import manifests
+from datacache.cache.disk import DiskTier
+from datacache.cache.memory import MemoryTier
+from datacache.cache.tiered import TieredStore
+from datacache.cluster.metrics import WorkerMetrics as MetricsPage
+from datacache.control import reconcile
+from datacache_operator import manifests, observe
 from datacache_operator.settings import CONFIG_DIR, Settings
 from test_operator_kmock import NS, UID, _get, _wait, cluster, run_operator  # noqa: F401  (the fixture)
 
@@ -31,9 +37,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _start_worker(pod_command, conf_dir, home, ordinal, token):
+def _start_worker(pod_command, conf_dir, home, ordinal, token, blocked=False):
     """Run the StatefulSet container's command for pod ``imagenet-worker-<ordinal>``, listening
-    on 127.0.0.<ordinal + 2> instead of 0.0.0.0 (all pods share one port)."""
+    on 127.0.0.<ordinal + 2> instead of 0.0.0.0 (all pods share one port). ``blocked``: its tier
+    directory cannot be made (a file is in the way), as on a disk it may not write."""
     script = pod_command[2].replace(CONFIG_DIR, str(conf_dir)).replace("--host 0.0.0.0", f"--host 127.0.0.{ordinal + 2}")
     # the operator's pod environment (DNS membership: the pod's plane starts no workers of its own);
     # no DNS server here, so a closed loopback port: peer lookups fail fast and find no peers
@@ -41,6 +48,8 @@ def _start_worker(pod_command, conf_dir, home, ordinal, token):
                DATACACHE_DNS_NAMESERVER=f"127.0.0.1:{_free_port()}",
                POD_NAME=f"imagenet-worker-{ordinal}", PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
     home.mkdir(mode=0o700)
+    if blocked:
+        (home / "cache").write_bytes(b"")
     return subprocess.Popen(["sh", "-c", script], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -54,8 +63,10 @@ def _metrics(url):
 
 
 @pytest.fixture
-def workers(tmp_path):
-    """Two real worker processes started from the generated pod spec; yields (resources, port)."""
+def workers(tmp_path, request):
+    """Two real worker processes started from the generated pod spec; yields (resources, port,
+    processes). Indirect parameter: the ordinals whose tier cannot be written."""
+    blocked = getattr(request, "param", ())
     data = tmp_path / "data"
     (data / "train").mkdir(parents=True)
     (data / "train" / "a.bin").write_bytes(os.urandom(300_000))
@@ -83,7 +94,7 @@ spec:
     conf.mkdir()
     (conf / "resources.yaml").write_text(manifests.config_map(dataset, runtime, owner)["data"]["resources.yaml"])
     command = manifests.worker_workload(dataset, runtime, owner, Settings())["spec"]["template"]["spec"]["containers"][0]["command"]
-    procs = [_start_worker(command, conf, tmp_path / f"home-{i}", i, "tok-" + "x" * 40) for i in range(2)]
+    procs = [_start_worker(command, conf, tmp_path / f"home-{i}", i, "tok-" + "x" * 40, i in blocked) for i in range(2)]
     try:
         for i, proc in enumerate(procs):
             url = f"http://127.0.0.{i + 2}:{port}"
@@ -105,18 +116,7 @@ def test_status_from_worker_metrics_and_autoscale(cluster, workers, monkeypatch)
     kmock, portal = cluster
     docs, port, worker_procs = workers
     crs = "datacache.io/v1alpha1"
-    for doc in docs:
-        plural = {"Dataset": "datasets", "CacheRuntime": "cacheruntimes"}[doc["kind"]]
-        doc["metadata"].update(uid=UID[doc["kind"]], resourceVersion="1")
-        kmock.objects[f"{crs}/{plural}", NS, "imagenet"] = doc
-    for i in range(2):  # what the StatefulSet controller and kubelet would have made
-        kmock.objects["v1/pods", NS, f"imagenet-worker-{i}"] = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"imagenet-worker-{i}", "namespace": NS, "uid": f"pod-{i}",
-                         "labels": {"app.kubernetes.io/name": "datacache", "app.kubernetes.io/component": "worker",
-                                    "datacache.io/runtime": "imagenet"}},
-            "spec": {"containers": [{"name": "worker", "image": "datacache:test"}]},
-            "status": {"phase": "Running", "podIP": f"127.0.0.{i + 2}"}}
+    _objects(kmock, docs)
     monkeypatch.setenv("DATACACHE_STATUS_INTERVAL_S", "0.5")
     seen = []
     with run_operator() as runner:
@@ -127,6 +127,7 @@ def test_status_from_worker_metrics_and_autoscale(cluster, workers, monkeypatch)
             return status.get("readyWorkers") == 2 and status
         status = _wait(status_from_workers, timeout=60)
         assert status["cacheCapacity"] == format_bytes(2 * QUOTA)  # Σ the workers' reported quotas
+        assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Ready", "False"), ("CacheTiersHealthy", "True")]
         assert sorted(w["name"] for w in status["workers"]) == ["imagenet-worker-0", "imagenet-worker-1"]
         for i, worker in enumerate(sorted(status["workers"], key=lambda w: w["name"])):
             # the figures each worker reports itself (used: the store's index, no block yet)
@@ -151,3 +152,68 @@ def test_status_from_worker_metrics_and_autoscale(cluster, workers, monkeypatch)
     messages = [e["message"] for e in posted if e.get("reason") == "Scaled"]
     assert any(m.endswith("scaling in from 3 to 2") for m in messages), messages
     assert any(s.get("phase") == "PartialReady" and s.get("desiredWorkers") == 3 for s in seen)
+
+
+def _objects(kmock, docs):
+    """The Dataset and CacheRuntime ``docs`` as applied, and the two worker pods the StatefulSet
+    controller and kubelet would have made."""
+    for doc in docs:
+        plural = {"Dataset": "datasets", "CacheRuntime": "cacheruntimes"}[doc["kind"]]
+        doc["metadata"].update(uid=UID[doc["kind"]], resourceVersion="1")
+        kmock.objects[f"datacache.io/v1alpha1/{plural}", NS, "imagenet"] = doc
+    for i in range(2):
+        kmock.objects["v1/pods", NS, f"imagenet-worker-{i}"] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"imagenet-worker-{i}", "namespace": NS, "uid": f"pod-{i}",
+                         "labels": {"app.kubernetes.io/name": "datacache", "app.kubernetes.io/component": "worker",
+                                    "datacache.io/runtime": "imagenet"}},
+            "spec": {"containers": [{"name": "worker", "image": "datacache:test"}]},
+            "status": {"phase": "Running", "podIP": f"127.0.0.{i + 2}"}}
+
+
+@pytest.mark.parametrize("workers", [(1,)], indirect=True)
+def test_unhealthy_tier_is_a_runtime_condition(cluster, workers, tmp_path, monkeypatch):  # noqa: F811
+    """Worker 1 cannot make its tier directory: it serves from the UFS, and the runtime's
+    CacheTiersHealthy condition says so, naming the worker and the directory (from its /metrics)."""
+    kmock, _ = cluster
+    docs, port, _ = workers
+    crs = "datacache.io/v1alpha1"
+    _objects(kmock, docs)
+    monkeypatch.setenv("DATACACHE_STATUS_INTERVAL_S", "0.5")
+    with run_operator() as runner:
+        status = _wait(lambda: (s := _get(kmock, f"{crs}/cacheruntimes", "imagenet").get("status", {})).get(
+            "readyWorkers") == 2 and s, timeout=60)
+    assert runner.exception is None
+    blocked_dir = f"{tmp_path}/home-1/cache/{NS}/imagenet/worker-1"
+    ready, tiers = status["conditions"]
+    assert (ready["type"], tiers["type"], tiers["status"], tiers["reason"]) == (
+        "Ready", "CacheTiersHealthy", "False", "TierUnhealthy")
+    assert tiers["message"] == (
+        f"cache tier cannot be written, its reads go to the UFS uncached: worker imagenet-worker-1: SSD tier "
+        f"{blocked_dir}: make the directory writable by the worker's uid (README: cache directories on the node)")
+    entries = {w["name"]: w["unhealthyTiers"] for w in status["workers"]}
+    assert entries == {"imagenet-worker-0": [], "imagenet-worker-1": [{"medium": "SSD", "path": blocked_dir}]}
+    # what worker 1 exports itself
+    assert f'datacache_worker_tier_healthy{{medium="SSD",path="{blocked_dir}"}} 0.0' in _metrics(f"http://127.0.0.3:{port}")
+
+
+def test_runtime_status_from_tier_gauges(tmp_path):
+    """reconcile.runtime_status on the entries made from two workers' metrics pages (real tiered
+    stores: one tier directory cannot be made): the CacheTiersHealthy condition is False and names
+    that worker and directory only; with healthy tiers it is True; without tier reports absent."""
+    (tmp_path / "file").write_bytes(b"")
+    pages = {}
+    for name, path in (("w-0", tmp_path / "ok"), ("w-1", tmp_path / "file" / "tier")):
+        store = TieredStore([MemoryTier(1 << 20), DiskTier(str(path), 1 << 20, medium="HDD")])
+        worker = SimpleNamespace(store=store, source=SimpleNamespace(ufs_bytes=0), peer_bytes=0)
+        pages[name] = MetricsPage(worker).render().decode()
+        store.close()
+    entries = [observe.status_entry(observe.parse(text, name)) for name, text in pages.items()]
+    assert [e["unhealthyTiers"] for e in entries] == [[], [{"medium": "HDD", "path": str(tmp_path / "file" / "tier")}]]
+    status = reconcile.runtime_status(2, entries)
+    assert status["phase"] == "Ready" and status["conditions"][0]["type"] == "Ready"
+    tiers = status["conditions"][1]
+    assert (tiers["type"], tiers["status"], tiers["reason"]) == ("CacheTiersHealthy", "False", "TierUnhealthy")
+    assert f"worker w-1: HDD tier {tmp_path / 'file' / 'tier'}:" in tiers["message"] and "w-0" not in tiers["message"]
+    assert reconcile.runtime_status(1, entries[:1])["conditions"][1]["status"] == "True"
+    assert [c["type"] for c in reconcile.runtime_status(1, [{"ready": True}])["conditions"]] == ["Ready"]

@@ -169,3 +169,26 @@ def test_a_diff_built_by_hand_still_works():
     diff = ManifestDiff(added=["x"], changed=[], deleted=[])
     assert diff.counts == (1, 0, 0) and not diff.truncated and list(diff.paths("added")) == ["x"]
     assert ManifestDiff([], [], []).empty
+
+
+def test_directory_rows_survive_save_and_a_refresh_splice(tmp_path):
+    """Rows of directories with nothing below them ('e/') are kept apart from the files, saved
+    sorted among them, and dropped by a splice that puts a file below them."""
+    dir_row = FileEntry("e/", "m", "bucket/e/", 0, 0.0, "")
+    m = chunked([entry(p) for p in PATHS] + [dir_row, FileEntry("a-b/z/", "m", "bucket/a-b/z/", 0, 0.0, "")])
+    assert m.file_num == len(PATHS) and [e.path for e in m] == sorted(PATHS)
+    assert m.dir_rows.column("path").to_pylist() == ["a-b/z/", "e/"]
+    assert m.is_dir("e") and m.listdir("e") == {} and m.listdir("")["e"] is None
+    assert sorted(m.listdir("a-b")) == ["x", "z"] and m.listdir("a-b")["z"] is None
+    path = str(tmp_path / "manifest.parquet")
+    m.save(path)
+    stored = pq.read_table(path).column("path").to_pylist()
+    assert stored == sorted(stored) and "e/" in stored
+    loaded = Manifest.load(path)
+    assert loaded.equals(m) and not loaded.equals(chunked([entry(p) for p in PATHS]))
+    spliced = loaded.with_entry(entry("e/new.txt"), "e/new.txt")
+    assert spliced.dir_rows.column("path").to_pylist() == ["a-b/z/"]
+    assert list(spliced.listdir("e")) == ["new.txt"]
+    assert loaded.diff(spliced) == ManifestDiff(["e/new.txt"], [], [])  # the directory was there already
+    gone = loaded.with_entry(None, "a")
+    assert gone.dir_rows.equals(loaded.dir_rows) and gone.lookup("a") is None

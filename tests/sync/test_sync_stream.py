@@ -15,7 +15,7 @@ import pytest
 
 from datacache.cli.data import _sync_progress
 from datacache.control import sync
-from datacache.control.syncmark import MANIFEST_LOCK_FILE
+from datacache.stack.syncmark import MANIFEST_LOCK_FILE
 from datacache.control.sync import DIFF_FILE, sync_manifest
 from datacache.errors import ResourceError
 from datacache.manifest import FileEntry, Manifest
@@ -252,3 +252,61 @@ def test_local_rewrite_keeping_size_and_mtime_is_a_new_version(tmp_path, datacac
         assert client.open("f.bin").read() == new
     finally:
         client.close()
+
+
+def _random_tree(rng: random.Random, n: int) -> tuple[set[str], set[str]]:
+    """``(files, directory rows)`` of a random namespace over few names (so prefixes clash: 'a',
+    'a-b', 'a/b'); every directory of a walk is a row, as the local listing gives them."""
+    names = ["a", "a-b", "b", "a0", "c"]
+    files: set[str] = set()
+    dirs: set[str] = set()
+    for _ in range(n):
+        parts = [rng.choice(names) for _ in range(rng.randint(1, 4))]
+        path = "/".join(parts)
+        if rng.random() < 0.3:
+            dirs.add(path)
+        else:
+            files.add(path)
+    dirs |= {"/".join(p.split("/")[:i]) for p in files | dirs for i in range(1, p.count("/") + 1)}
+    files -= dirs  # no file named as a directory here (the shadowing test covers that)
+    return files, dirs
+
+
+def _shown_rows(files: set[str], dirs: set[str]) -> set[str]:
+    """The rows a manifest keeps: the files, and a row 'd/' for each directory with nothing below it."""
+    return files | {d + "/" for d in dirs if not any(p.startswith(d + "/") for p in files | dirs)}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_directory_rows_through_the_external_sort_and_the_diff(tmp_path, small_runs, monkeypatch, seed):
+    """Directory rows sort and merge as any row; only directories with nothing below them are kept;
+    a diff names a directory only when it appeared or vanished, not when it got or lost files
+    (read in batches of a few rows, so whether a path lies below a directory is often only known
+    a batch later)."""
+    rng = random.Random(seed)
+    monkeypatch.setattr(sync, "BATCH_ROWS", 5 + seed)
+    target = str(tmp_path / "manifest.parquet")
+    old_files, old_dirs = _random_tree(rng, 300)
+    new_files, new_dirs = _random_tree(rng, 300)
+    states = []
+    for files, dirs in ((old_files, old_dirs), (new_files, new_dirs)):
+        listing = [entry(p) for p in files] + [FileEntry(d + "/", "m", f"root/{d}", 0, 0.0, "") for d in dirs]
+        rng.shuffle(listing)
+        diff = sync_manifest(iter(listing), target, batch_rows=rng.choice([7, 50, 300]))
+        stored = Manifest.load(target)
+        rows = _shown_rows(files, dirs)
+        assert [e.path for e in stored] == sorted(files) and stored.file_num == len(files)
+        assert stored.dir_rows.column("path").to_pylist() == sorted(r for r in rows if r.endswith("/"))
+        for d in dirs:
+            assert stored.is_dir(d) and sorted(stored.listdir(d)) == sorted(
+                {p[len(d) + 1:].split("/")[0] for p in files | dirs if p.startswith(d + "/")})
+        states.append((rows, stored))
+    (old_rows, old), (new_rows, new) = states
+
+    def below(d: str, rows: set[str]) -> bool:
+        return any(r.startswith(d) for r in rows)
+
+    expected_added = sorted(r for r in new_rows - old_rows if not (r.endswith("/") and below(r, old_rows)))
+    expected_deleted = sorted(r for r in old_rows - new_rows if not (r.endswith("/") and below(r, new_rows)))
+    assert (diff.added, diff.changed, diff.deleted) == (expected_added, [], expected_deleted)
+    assert old.diff(new) == diff.__class__(expected_added, [], expected_deleted)

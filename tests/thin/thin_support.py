@@ -23,7 +23,7 @@ import paramiko
 
 from datacache.api.loader import load_resources
 from datacache.control.embedded import Embedded
-from datacache_fuse.mountinfo import mounts
+from datacache.mountinfo import mounts
 
 SSHD = "/usr/sbin/sshd"
 ODD = "odd dir; $(touch PWNED) `touch PWNED` & 'q' \"dq\" |x>y"  # a literal name, never a command

@@ -3,7 +3,7 @@
 - As root: ``open("/dev/fuse")`` and ``mount(2)`` with ``fd=N,rootmode=40000,user_id=U,group_id=G``
   (what libfuse's ``fuse_mount_sys`` does). The file system type is ``fuse.<subtype>`` and the
   source ``fsname``, so ``/proc/self/mountinfo`` shows ``fuse.datacache`` / ``datacache:NS/NAME``
-  as :mod:`datacache_fuse.mountinfo` expects.
+  as :mod:`datacache.mountinfo` expects.
 - Otherwise (or when ``mount(2)`` answers EPERM): ``fusermount3``, the setuid helper, mounts and
   hands the ``/dev/fuse`` descriptor back over a socket named by the ``_FUSE_COMMFD`` environment
   variable, as ``SCM_RIGHTS`` ancillary data (libfuse's ``mount.c``, ``fuse_mount_fusermount``).
@@ -25,7 +25,7 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from datacache_fuse import mountinfo
+from datacache import mountinfo
 
 log = logging.getLogger("datacache_fuse")
 

@@ -8,7 +8,7 @@ tests and benchmarks::
     # unmounted (lazily), workers ended, descriptors closed
 
 After INIT the mount's bdi read-ahead is widened to ``read_ahead_kib`` (the kernel sizes READ
-requests by it, 128 KiB by default; the INIT reply resets it, see :mod:`datacache_fuse.mountinfo`).
+requests by it, 128 KiB by default; the INIT reply resets it, see :mod:`datacache.mountinfo`).
 
 The serving process must not touch the mount's pages while holding the GIL (an ``mmap`` of a file
 on it read in this process): the page fault waits for a READ that the workers cannot answer
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 
-from datacache_fuse import mountinfo
+from datacache import mountinfo
 from datacache_fuse.kernel import mount as kmount
 from datacache_fuse.kernel.operations import Operations
 from datacache_fuse.kernel.session import Session

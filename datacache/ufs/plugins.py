@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import fsspec
 
-from datacache.api.models import RUNTIME_PLUGIN_GROUP
+from datacache.ufs.schemes import RUNTIME_PLUGIN_GROUP
 from datacache.errors import ResourceError, UFSUnavailableError
-from datacache_runtimes.secretfiles import secret_files
+from datacache.ufs.secretfiles import secret_files
 
 Plugin = Callable[[str, dict, dict], fsspec.AbstractFileSystem]
 
