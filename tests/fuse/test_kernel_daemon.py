@@ -3,7 +3,8 @@
 Every test of ``test_fuse_read`` (checksums, walk, stat, C6-C8, EROFS, xattrs, statfs, keep_cache,
 1 MiB requests) and ``test_fuse_versions`` (version pinning, ESTALE, a sync reaching a running
 mount, inode numbers) runs again here, with ``DATACACHE_FUSE_TRANSPORT=kernel`` in the
-environment of the daemons the CLI starts, and a mount of this module's own.
+environment of the daemons the CLI starts, a mount and a dataset home of this module's own
+(``test_xattr_cached_fraction`` needs a file no earlier test read).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 import test_fuse_read
 import test_fuse_versions
-from fuse_support import force_cleanup, mount
+from fuse_support import build_env, force_cleanup, mount
 from test_fuse_versions import versioned  # noqa: F401 - the fixture of the imported tests
 
 globals().update({name: getattr(module, name) for module in (test_fuse_read, test_fuse_versions)
@@ -33,6 +34,12 @@ def kernel_transport():
         del os.environ[TRANSPORT_VAR]
     else:
         os.environ[TRANSPORT_VAR] = old
+
+
+@pytest.fixture(scope="module")
+def fuse_env(fuse_available, tmp_path_factory, fuse_moto):
+    """The test dataset under a home and bucket of this module's own."""
+    return build_env(str(tmp_path_factory.mktemp("fuse-kernel")), fuse_moto, "fusebkt-kernel")
 
 
 @pytest.fixture(scope="module")
