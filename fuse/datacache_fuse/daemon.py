@@ -310,8 +310,9 @@ def _serve_kernel(client, name: str, mountpoint: str, opts: set[str], home: str,
 
     own = {"ro", "default_permissions", "allow_other"}
     extra = tuple(sorted(o for o in opts if o not in own and not o.startswith(("fsname=", "subtype="))))
-    ops = DatasetOperations(client, attr_timeout=attr_timeout, no_open=no_open is not False)
-    server = FuseServer(ops, mountpoint, fsname=f"datacache:{name}", workers=min(workers, 16), passthrough=False,
+    handles = no_open is False  # --open-handles: an OPEN per file, passed through when the file tier has it
+    ops = DatasetOperations(client, attr_timeout=attr_timeout, no_open=not handles, passthrough=handles)
+    server = FuseServer(ops, mountpoint, fsname=f"datacache:{name}", workers=min(workers, 16), passthrough=handles,
                         allow_other="allow_other" in opts, options=extra, read_ahead_kib=read_ahead_kib)
     stop = threading.Event()
     signalled: list[str] = []
@@ -334,7 +335,8 @@ def _serve_kernel(client, name: str, mountpoint: str, opts: set[str], home: str,
                                   "mountpoint": mountpoint, "log": logfile,
                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         log.info("mounted %s at %s with the kernel transport (FUSE 7.%d, %s, options %s)", name, mountpoint,
-                 session.kernel.minor, "no-open mode" if ops.no_open else "a file handle per open",
+                 session.kernel.minor, "no-open mode" if ops.no_open else
+                 "a file handle per open" + (", passthrough of file-tier files" if session.passthrough else ""),
                  ",".join(extra) or "-")
         while not session.wait(0.2) and not stop.is_set():
             pass
@@ -349,7 +351,10 @@ def _serve_kernel(client, name: str, mountpoint: str, opts: set[str], home: str,
         if not server.stop(timeout=2.0):  # files still open elsewhere: they get ENOTCONN when we exit
             server.session.close()
         _remove_state(state_file)
-        log.info("%s: session ended (%d files were open)", mountpoint, open_files)
+        counts = session.counts()
+        log.info("%s: session ended (%d files were open); requests: %s; opens passed through: %d", mountpoint,
+                 open_files, ", ".join(f"{getattr(op, 'name', op)} {n}" for op, n in counts.most_common()),
+                 session.passed_through)
 
 
 async def _main_loop(workers: int) -> bool:

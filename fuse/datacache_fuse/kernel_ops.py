@@ -10,8 +10,10 @@ how they run:
 - Manifest changes (a ``datacache sync`` noticed every ``reload_interval`` seconds by a watcher
   thread, or a per-file refresh on ESTALE) are diffed on a thread of their own, which then sends
   the entry invalidations (never from a handler: the kernel may hold a directory lock for it).
-- Passthrough: not yet; the block cache keeps a file in many block files, so no single local
-  file can back a file version (issue 17, item 4). Every byte is served through READ.
+- Passthrough (with handles, not in no-open mode): an OPEN of a version the file tier holds as one
+  complete local file (``DatasetClient.local_file``) names that file, and the kernel reads it
+  directly: no READ reaches the daemon for that handle. Other versions are served through READ
+  (and ``local_file`` starts copying a complete one into the file tier, for a later open).
 
 Errors: ENOENT for missing paths, ESTALE for an inode whose version is no longer current
 (``open``; in no-open mode a ``read``, after the directory entry was invalidated), EIO only for
@@ -46,14 +48,16 @@ class DatasetOperations(Operations):
 
     ``attr_timeout``: seconds the kernel may cache entries and attributes; ``reload_interval``:
     seconds between two checks for a new stored manifest (None: never); ``no_open``: answer the
-    first OPEN with ENOSYS (the kernel's no-open mode; default), else a handle per open.
+    first OPEN with ENOSYS (the kernel's no-open mode; default), else a handle per open;
+    ``passthrough``: with handles, pass file-tier files through (see the module's docstring).
     """
 
     readdirplus_enabled = True
 
     def __init__(self, client, *, attr_timeout: float = 60.0, reload_interval: float | None = 1.0,
-                 no_open: bool = True):
+                 no_open: bool = True, passthrough: bool = False):
         self.client = client
+        self.passthrough = passthrough and not no_open
         self.attr_timeout = float(attr_timeout)
         self.no_open = no_open
         self.inodes = InodeTable()
@@ -238,7 +242,8 @@ class DatasetOperations(Operations):
         handle = Handle(self.client.open_entry(node.entry), ino, threading.Lock())  # metadata only, no I/O
         with self._lock:
             self._files[fh] = handle
-        return OpenOut(fh=fh, keep_cache=True)
+        local = self.client.local_file(node.entry) if self.passthrough else None
+        return OpenOut(fh=fh, keep_cache=True, passthrough=local)
 
     def _reader(self, ino: int) -> Handle:
         """No-open mode: the handle of ``ino``, made on its first read. At most ``INODE_READERS``

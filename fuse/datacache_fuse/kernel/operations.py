@@ -67,9 +67,10 @@ class OpenOut:
 
     ``fh``: the handle READ/RELEASE will carry. ``keep_cache``: keep the kernel's page cache of the
     inode from earlier opens (right when an inode never changes its bytes). ``direct_io``: bypass
-    the page cache (every read reaches the daemon; no shared mmap). ``passthrough``: the path of a
-    local file holding exactly the file's bytes: the kernel then reads (and mmaps, splices) it
-    directly and sends no READ for this handle; the session opens it, registers it with the
+    the page cache (every read reaches the daemon; no shared mmap). ``passthrough``: a local file
+    holding exactly the file's bytes, as a path or a read-only descriptor (the session closes it):
+    the kernel then reads (and mmaps, splices) it directly and sends no READ for this handle; the
+    session registers it with the
     kernel (one backing id per backing file, shared by its handles, closed when the last handle
     is released) and falls back to serving READ when the kernel refuses, saying why once in the
     log. ``keep_cache`` is dropped on a passthrough handle (the kernel refuses the pair).
@@ -78,7 +79,7 @@ class OpenOut:
     fh: int = 0
     keep_cache: bool = False
     direct_io: bool = False
-    passthrough: str | None = None
+    passthrough: str | int | None = None
     cache_dir: bool = False
     nonseekable: bool = False
 

@@ -86,10 +86,18 @@ class BackingFiles:
     _told: set = field(default_factory=set)  # errnos already logged
     refused: int = 0  # passthrough opens served through READ instead
 
-    def open_handle(self, ino: int, path: str | None) -> int | None:
-        """A handle of FUSE inode ``ino`` is being opened; ``path``: the local file to pass
-        through (None: serve through READ). Returns the backing id to put in the OPEN reply, or
-        None to serve this handle through READ (see the module's docstring for when)."""
+    def open_handle(self, ino: int, backing: str | int | None) -> int | None:
+        """A handle of FUSE inode ``ino`` is being opened; ``backing``: the local file to pass
+        through, as a path or an open descriptor (closed here), or None to serve through READ.
+        Returns the backing id to put in the OPEN reply, or None to serve this handle through READ
+        (see the module's docstring for when)."""
+        try:
+            return self._open_handle(ino, backing)
+        finally:
+            if isinstance(backing, int):
+                os.close(backing)
+
+    def _open_handle(self, ino: int, path: str | int | None) -> int | None:
         with self._lock:
             node = self._inodes.setdefault(ino, _Inode())
             if node.key is not None:  # passthrough handles open: this one must join them
@@ -146,8 +154,8 @@ class BackingFiles:
         """Backing ids registered now."""
         return len(self._by_id)
 
-    def _register(self, path: str) -> tuple[tuple, _Backing]:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    def _register(self, path: str | int) -> tuple[tuple, _Backing]:
+        fd = path if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
             key = (st.st_dev, st.st_ino)
@@ -158,7 +166,8 @@ class BackingFiles:
                 self._by_id[backing_id] = key
             return key, backing
         finally:
-            os.close(fd)
+            if fd is not path:
+                os.close(fd)
 
     def _close(self, backing_id: int) -> None:
         try:
@@ -166,11 +175,11 @@ class BackingFiles:
         except OSError as err:  # the connection is gone: nothing to free
             log.debug("backing close of id %d: %s", backing_id, err)
 
-    def _tell(self, err: OSError, path: str) -> None:
+    def _tell(self, err: OSError, path: str | int) -> None:
         if err.errno == errno.EPERM:
             self.enabled = False
         if err.errno in self._told:
             return
         self._told.add(err.errno)
         why = WHY.get(err.errno, f"cannot pass it through ({err.strerror}); serving it through the daemon")
-        log.warning("passthrough of %s: %s", path, why)
+        log.warning("passthrough of %s: %s", f"descriptor {path}" if isinstance(path, int) else path, why)

@@ -132,6 +132,7 @@ class Session:
         self.kernel: KernelInfo | None = None
         self.backing = BackingFiles(fd, enabled=False)
         self.no_open = False  # OPEN answered ENOSYS: the kernel opens without asking
+        self.passed_through = 0  # OPENs answered with FOPEN_PASSTHROUGH
         self.no_opendir = False
         self._handles: dict[int, tuple[int, int | None]] = {}  # our fh -> (ops' fh, backing id)
         self._next_fh = 1
@@ -392,6 +393,7 @@ class Session:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = (out.fh, backing_id)
+            self.passed_through += backing_id is not None
         return abi.OPEN_OUT.pack(fh, open_flags, backing_id or 0)
 
     def _ops_fh(self, fh: int) -> int:
