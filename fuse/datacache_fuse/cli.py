@@ -69,7 +69,8 @@ def _check_dataset(home: str, dataset: str, namespace: str) -> None:
               help="Mount over a directory that has entries (they are hidden while mounted).")
 @click.option("--open-handles", is_flag=True,
               help="Answer every open with a file handle (an OPEN and a RELEASE request per file) "
-                   "instead of the kernel's no-open mode; the only mode with stock pyfuse3.")
+                   "instead of the kernel's no-open mode; the only mode with stock pyfuse3. With "
+                   "--transport kernel, file-tier files are then passed through to the kernel.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="With --background: seconds to wait for the mount to answer.")
 @click.option("--transport", type=click.Choice(["pyfuse3", "kernel"]), default="pyfuse3", show_default=True,
