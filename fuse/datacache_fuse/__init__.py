@@ -13,7 +13,9 @@ DataLoader unchanged. The package is split by job:
 - :mod:`.daemon`   — one FUSE daemon process: open the dataset, mount, serve, clean up;
 - :mod:`.launcher` — ``--background`` (detached daemon, wait for the mount) and ``--restart``
   (a supervisor that re-mounts when the daemon dies);
-- :mod:`.cli`      — the click commands ``mount`` and ``unmount`` added to ``datacache``.
+- :mod:`.cli`      — the click commands ``mount`` and ``unmount`` added to ``datacache``;
+- :mod:`.kernel`   — datacache's own FUSE transport (the kernel protocol on ``/dev/fuse``, no
+  libfuse or pyfuse3, kernel passthrough); not yet used by the daemon.
 """
 
 from datacache_fuse import cli  # noqa: E402  (cheap: pyfuse3 is imported only when a daemon starts)

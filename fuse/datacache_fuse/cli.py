@@ -69,11 +69,15 @@ def _check_dataset(home: str, dataset: str, namespace: str) -> None:
               help="Mount over a directory that has entries (they are hidden while mounted).")
 @click.option("--open-handles", is_flag=True,
               help="Answer every open with a file handle (an OPEN and a RELEASE request per file) "
-                   "instead of the kernel's no-open mode; the only mode with stock pyfuse3.")
+                   "instead of the kernel's no-open mode; the only mode with stock pyfuse3. With "
+                   "--transport kernel, file-tier files are then passed through to the kernel.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="With --background: seconds to wait for the mount to answer.")
+@click.option("--transport", type=click.Choice(["pyfuse3", "kernel"]), default="pyfuse3", show_default=True,
+              envvar="DATACACHE_FUSE_TRANSPORT",
+              help="FUSE transport: pyfuse3 (libfuse) or kernel (datacache's own, no libfuse; experimental).")
 def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, allow_nonempty, open_handles,
-          timeout):
+          timeout, transport):
     """Mount DATASET read-only at MOUNTPOINT through FUSE.
 
     Runs in the foreground until unmounted (Ctrl-C or 'datacache unmount MOUNTPOINT'), unless
@@ -96,7 +100,7 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
                     check_empty(mountpoint)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
                                debug=debug, restart=restart, allow_nonempty=allow_nonempty,
-                               open_handles=open_handles)
+                               open_handles=open_handles, transport=transport)
             pid = start_background(argv, mountpoint, logfile, timeout)
             what = "supervisor" if restart else "daemon"
             click.echo(f"mounted {namespace}/{dataset} at {mountpoint} ({what} pid {pid}, log {logfile})")
@@ -105,11 +109,11 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
 
             setup_logging(logfile, debug=debug)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                               allow_nonempty=allow_nonempty, open_handles=open_handles)
+                               allow_nonempty=allow_nonempty, open_handles=open_handles, transport=transport)
             raise SystemExit(supervise(argv, mountpoint))
         else:
             serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None)
+                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None, transport=transport)
     except _user_errors() as err:
         raise _UserError(str(err)) from None
 

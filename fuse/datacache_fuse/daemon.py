@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Iterable
 
@@ -39,6 +40,7 @@ log = logging.getLogger("datacache_fuse")
 
 READ_AHEAD_KIB = 1024  # bdi read_ahead_kb: 1 MiB kernel read requests
 WORKERS = 32  # threads for blocking reads, per daemon
+TRANSPORTS = ("pyfuse3", "kernel")
 
 
 class MountError(Exception):
@@ -214,23 +216,24 @@ def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0, allow_nonemp
 def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,
           options: Iterable[str] = (), debug: bool = False, stderr: bool = True,
           read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS, allow_nonempty: bool = False,
-          no_open: bool | None = None) -> None:
+          no_open: bool | None = None, transport: str = "pyfuse3") -> None:
     """Mount ``namespace/dataset`` at ``mountpoint`` and serve it until unmounted or signalled.
 
     Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
     mount options; ``read_ahead_kib``: the bdi read-ahead (KiB, 0 leaves the kernel's default);
     ``workers``: threads for blocking reads; ``allow_nonempty``: mount over a directory with entries;
-    ``no_open``: the kernel's no-open mode (None: when pyfuse3 supports it, see ``ops``).
+    ``no_open``: the kernel's no-open mode (None: when pyfuse3 supports it, see ``ops``; always
+    with the kernel transport); ``transport``: ``"pyfuse3"`` (libfuse) or ``"kernel"`` (datacache's
+    own, :mod:`datacache_fuse.kernel`, handlers in :mod:`.kernel_ops`).
     Raises ``datacache.errors.ResourceError`` (no such
     dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
     e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
     """
-    import pyfuse3
-    import pyfuse3.asyncio
-
     from datacache.control.embedded import read_path
     from datacache.state import default_home
-    from datacache_fuse.ops import DatacacheOperations
+
+    if transport not in TRANSPORTS:
+        raise MountError(f"unknown FUSE transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
 
     home = os.path.abspath(home or default_home())
     mountpoint = mountinfo.canonical(mountpoint)
@@ -246,6 +249,15 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
         fuse_spec = runtime.spec.fuse
         opts = mount_options(dataset, namespace, fuse_spec.options, options)
         prepare_mountpoint(mountpoint, allow_nonempty=allow_nonempty)
+        if transport == "kernel":
+            _serve_kernel(client, f"{namespace}/{dataset}", mountpoint, opts, home, logfile,
+                          attr_timeout=fuse_spec.attr_timeout, workers=workers, read_ahead_kib=read_ahead_kib,
+                          no_open=no_open)
+            return
+        import pyfuse3
+        import pyfuse3.asyncio
+
+        from datacache_fuse.ops import DatacacheOperations
 
         def after_init() -> None:
             if read_ahead_kib:
@@ -284,6 +296,65 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
         if client is not None:
             client.close()
         paths.close()
+
+
+def _serve_kernel(client, name: str, mountpoint: str, opts: set[str], home: str, logfile: str, *,
+                  attr_timeout: float, workers: int, read_ahead_kib: int, no_open: bool | None) -> None:
+    """:func:`serve` on the kernel transport: mount, serve until unmounted or signalled (SIGTERM,
+    SIGINT, SIGHUP unmount lazily and end the daemon), clean up. Options other than the ones the
+    transport sets itself (``ro``, ``default_permissions``, ``fsname``, ``subtype``,
+    ``allow_other``) go to the kernel as they are."""
+    from datacache_fuse.kernel.mount import FuseMountError
+    from datacache_fuse.kernel.server import FuseServer
+    from datacache_fuse.kernel_ops import DatasetOperations
+
+    own = {"ro", "default_permissions", "allow_other"}
+    extra = tuple(sorted(o for o in opts if o not in own and not o.startswith(("fsname=", "subtype="))))
+    handles = no_open is False  # --open-handles: an OPEN per file, passed through when the file tier has it
+    ops = DatasetOperations(client, attr_timeout=attr_timeout, no_open=not handles, passthrough=handles)
+    server = FuseServer(ops, mountpoint, fsname=f"datacache:{name}", workers=min(workers, 16), passthrough=handles,
+                        allow_other="allow_other" in opts, options=extra, read_ahead_kib=read_ahead_kib)
+    stop = threading.Event()
+    signalled: list[str] = []
+
+    def on_signal(signum, frame) -> None:
+        signalled.append(signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        session = server.start()
+    except FuseMountError as err:
+        raise MountError(f"cannot mount at {mountpoint}: {err.strerror} (see {logfile})") from None
+    state_file = state_path(home, mountpoint)
+    ours = mountinfo.mounted_at(mountpoint)
+    try:
+        os.chdir("/")  # do not pin the caller's working directory
+        _write_state(state_file, {"pid": os.getpid(), "dataset": name.split("/", 1)[1], "namespace": name.split("/")[0],
+                                  "mountpoint": mountpoint, "log": logfile,
+                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        log.info("mounted %s at %s with the kernel transport (FUSE 7.%d, %s, options %s)", name, mountpoint,
+                 session.kernel.minor, "no-open mode" if ops.no_open else
+                 "a file handle per open" + (", passthrough of file-tier files" if session.passthrough else ""),
+                 ",".join(extra) or "-")
+        while not session.wait(0.2) and not stop.is_set():
+            pass
+        if signalled:
+            log.info("%s received: unmounting", signalled[0])
+        else:
+            top = mountinfo.mounted_at(mountpoint)
+            if top is not None and ours is not None and top.dev == ours.dev:
+                raise MountError(f"the FUSE session at {mountpoint} ended while still mounted; see {logfile}")
+    finally:
+        open_files = ops.open_files
+        if not server.stop(timeout=2.0):  # files still open elsewhere: they get ENOTCONN when we exit
+            server.session.close()
+        _remove_state(state_file)
+        counts = session.counts()
+        log.info("%s: session ended (%d files were open); requests: %s; opens passed through: %d", mountpoint,
+                 open_files, ", ".join(f"{getattr(op, 'name', op)} {n}" for op, n in counts.most_common()),
+                 session.passed_through)
 
 
 async def _main_loop(workers: int) -> bool:

@@ -16,28 +16,16 @@ import logging
 
 import pyfuse3
 
-log = logging.getLogger("datacache_fuse")
+from datacache_fuse.kernel.errors import errno_of as kernel_errno_of
 
-#: errno for OSError subclasses raised without one (checked in order: subclasses first).
-BY_TYPE: tuple[tuple[type[BaseException], int], ...] = (
-    (FileNotFoundError, errno.ENOENT),
-    (NotADirectoryError, errno.ENOTDIR),
-    (IsADirectoryError, errno.EISDIR),
-    (PermissionError, errno.EACCES),
-    (TimeoutError, errno.ETIMEDOUT),
-)
+log = logging.getLogger("datacache_fuse")
 
 
 def errno_of(err: BaseException) -> int:
     """The errno to answer the kernel with for ``err`` (EIO when nothing better is known)."""
     if isinstance(err, pyfuse3.FUSEError):
         return err.errno
-    if isinstance(err, OSError) and err.errno:
-        return err.errno
-    for kind, code in BY_TYPE:
-        if isinstance(err, kind):
-            return code
-    return errno.EIO
+    return kernel_errno_of(err)
 
 
 def translated(fn):

@@ -31,10 +31,9 @@ import posixpath
 from dataclasses import dataclass
 from typing import Iterator
 
-import pyfuse3
 import xxhash
 
-ROOT = pyfuse3.ROOT_INODE
+ROOT = 1  # FUSE_ROOT_ID: the mount's root
 _FIRST = ROOT + 1  # numbers below are reserved (0: none, 1: root)
 _SPAN = (1 << 63) - _FIRST  # stay below 2**63: some tools hold st_ino in a signed 64-bit integer
 

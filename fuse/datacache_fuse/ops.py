@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import logging
 import os
 import posixpath
@@ -60,35 +59,19 @@ import stat
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import pyfuse3
 
+from datacache_fuse.changes import stale_names  # noqa: F401 - also imported from here
 from datacache_fuse.errmap import errno_of, translated
+from datacache_fuse.handles import INODE_READERS, Handle
 from datacache_fuse.inodes import InodeTable
+from datacache_fuse.shown import (FILE_XATTRS, ST_BLKSIZE, STATFS_BLOCK, XATTR_CACHED, XATTR_UFS_PATH, XATTR_VERSION,
+                                  SubdirCounts)
 
 log = logging.getLogger("datacache_fuse")
 
-XATTR_CACHED = b"user.datacache.cached"
-XATTR_VERSION = b"user.datacache.version"
-XATTR_UFS_PATH = b"user.datacache.ufs_path"
-FILE_XATTRS = (XATTR_CACHED, XATTR_VERSION, XATTR_UFS_PATH)
-
-STATFS_BLOCK = 4096  # f_frsize/f_bsize, bytes
-ST_BLKSIZE = 128 * 1024  # preferred I/O size (Python's open() buffers this much)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
-
-
-RETRY_WINDOW = 2.0  # seconds a failed read range answers its errno again without a new UFS try
-INODE_READERS = 64  # no-open mode: per-inode Readers kept (their blocks count against the budget)
-
-
-@dataclass
-class _Handle:
-    file: object  # datacache.reader.DatasetFile
-    inode: int
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    failed: tuple = ()  # (monotonic time, offset, size, errno) of the last failed read
 
 
 class DatacacheOperations(pyfuse3.Operations):
@@ -114,19 +97,18 @@ class DatacacheOperations(pyfuse3.Operations):
         self._on_init = on_init
         self._uid, self._gid = os.getuid(), os.getgid()
         self._mount_ns = time.time_ns()
-        self._files: dict[int, _Handle] = {}  # fh -> handle (opens answered with a handle)
+        self._files: dict[int, Handle] = {}  # fh -> handle (opens answered with a handle)
         if no_open is None:
             no_open = bool(getattr(pyfuse3, "READ_FH_ZERO_IS_INODE", False))
         self.no_open = no_open
-        self._readers: OrderedDict[int, _Handle] = OrderedDict()  # no-open mode: inode -> handle
+        self._readers: OrderedDict[int, Handle] = OrderedDict()  # no-open mode: inode -> handle
         self._dirs: dict[int, tuple] = {}  # fh -> (dir path, [(name, FileEntry | None)])
         self._next_fh = 1
         self._reload_interval = reload_interval
         self._loop = None
         self._tasks: set = set()
         client.on_change(self._on_change)
-        self._subdirs: dict[str, int] = {}  # dir path -> number of subdirectories (for st_nlink)
-        self._subdirs_of = None  # the manifest _subdirs was computed for
+        self._subdirs = SubdirCounts()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def init(self) -> None:
@@ -183,17 +165,6 @@ class DatacacheOperations(pyfuse3.Operations):
             return "dir", None
         raise FileNotFoundError(errno.ENOENT, "no such file or directory in the dataset", path)
 
-    def _nlink(self, path: str) -> int:
-        manifest = self.client.manifest
-        if self._subdirs_of is not manifest:
-            self._subdirs, self._subdirs_of = {}, manifest
-        n = self._subdirs.get(path)
-        if n is None:
-            children = manifest.listdir(path).values() if manifest.is_dir(path) else ()
-            n = sum(1 for child in children if child is None)
-            self._subdirs[path] = n
-        return 2 + n
-
     def _attrs(self, inode: int, path: str, entry) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = inode
@@ -204,7 +175,7 @@ class DatacacheOperations(pyfuse3.Operations):
         a.st_blksize = ST_BLKSIZE
         if entry is None:
             a.st_mode = stat.S_IFDIR | 0o555
-            a.st_nlink = self._nlink(path)
+            a.st_nlink = self._subdirs.nlink(self.client.manifest, path)
             a.st_size = 0
             a.st_blocks = 0
             ns = self._mount_ns
@@ -330,10 +301,10 @@ class DatacacheOperations(pyfuse3.Operations):
             # the inode (see the module's docstring).
             raise pyfuse3.FUSEError(errno.ENOSYS)
         fh = self._new_fh()
-        self._files[fh] = _Handle(self.client.open_entry(node.entry), inode)  # metadata only, no I/O
+        self._files[fh] = Handle(self.client.open_entry(node.entry), inode, asyncio.Lock())  # metadata only, no I/O
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
 
-    def _reader(self, inode: int) -> _Handle:
+    def _reader(self, inode: int) -> Handle:
         """No-open mode: the handle of ``inode``, made on its first read. At most
         ``INODE_READERS`` are kept; the least recently read idle ones are closed first."""
         handle = self._readers.get(inode)
@@ -343,7 +314,7 @@ class DatacacheOperations(pyfuse3.Operations):
         node = self.inodes.node(inode)
         if node.entry is None:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        handle = self._readers[inode] = _Handle(self.client.open_entry(node.entry), inode)
+        handle = self._readers[inode] = Handle(self.client.open_entry(node.entry), inode, asyncio.Lock())
         excess = len(self._readers) - INODE_READERS
         if excess > 0:
             for old in [i for i, h in self._readers.items() if not h.lock.locked()][:excess]:
@@ -356,15 +327,9 @@ class DatacacheOperations(pyfuse3.Operations):
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         async with handle.lock:
-            if handle.failed:
-                when, f_off, f_size, code = handle.failed
-                if time.monotonic() - when < RETRY_WINDOW and f_off <= off < f_off + f_size and size < f_size:
-                    # After a failed read-ahead the kernel reads the one page the caller needs
-                    # at once (a smaller read inside it): answer it from the failure just seen
-                    # instead of waiting for the UFS's retries again. Once only: in no-open mode
-                    # the handle outlives the open, and a new open's read is a new try.
-                    handle.failed = ()
-                    raise pyfuse3.FUSEError(code)
+            code = handle.repeat_failure(off, size)  # see datacache_fuse.handles
+            if code is not None:
+                raise pyfuse3.FUSEError(code)
             bs = self.client.block_size
             end = min(off + size, handle.file.size)
             if end <= off:
@@ -377,8 +342,7 @@ class DatacacheOperations(pyfuse3.Operations):
             try:
                 return await self._blocking(handle.file.view, off, size)
             except OSError as err:
-                handle.failed = (time.monotonic(), off, size, errno_of(err))
-                if handle.failed[3] == errno.ESTALE and self.no_open:
+                if handle.record_failure(off, size, errno_of(err)) == errno.ESTALE and self.no_open:
                     await self._drop_entry(handle.inode)
                 raise
 
@@ -456,25 +420,3 @@ class DatacacheOperations(pyfuse3.Operations):
                 sent += 1
         if names:
             log.info("manifest changed: %d paths differ, %d directory entries invalidated", len(names), sent)
-
-
-def stale_names(old, new) -> set[tuple[str, str]]:
-    """``(parent dir, name)`` of every directory entry the kernel may hold under ``old`` that
-    ``new`` contradicts: changed files (a new version is a new inode), the shallowest vanished
-    component of deleted paths, and the shallowest new component of added paths (where a negative
-    entry may sit)."""
-    diff = old.diff(new)
-    names = {posixpath.split(p) for p in diff.changed}
-    for manifest, paths in ((new, diff.deleted), (old, diff.added)):
-        is_dir = functools.lru_cache(maxsize=None)(manifest.is_dir)
-        for path in paths:
-            parent, parts = "", path.split("/")
-            for part in parts[:-1]:
-                here = f"{parent}/{part}" if parent else part
-                if not is_dir(here):
-                    break
-                parent = here
-            else:
-                part = parts[-1]
-            names.add((parent, part))
-    return names

@@ -20,9 +20,7 @@ import os
 
 import pytest
 
-from fuse_support import (BIG_SIZE, C7_NAMES, DATASET, HAVE_FUSE, MEDIUM_SIZE, QUARTER_SIZE, S3_KEY,
-                          S3_SECRET, SKIP_REASON, FuseEnv, apply_dataset, force_cleanup, make_images,
-                          make_parquet, mount)
+from fuse_support import HAVE_FUSE, SKIP_REASON, FuseEnv, build_env, force_cleanup, mount
 
 
 # -- fixtures --------------------------------------------------------------------------------------
@@ -46,31 +44,7 @@ def fuse_moto():
 @pytest.fixture(scope="session")
 def fuse_env(fuse_available, tmp_path_factory, fuse_moto) -> FuseEnv:
     """The dataset ``fusetest`` applied under a fresh DATACACHE_HOME."""
-    import numpy as np
-
-    rng = np.random.default_rng(7)
-    base = tmp_path_factory.mktemp("fuse")
-    home, local = str(base / "home"), str(base / "local")
-    os.makedirs(home, mode=0o700)
-    objects: dict[str, bytes] = {}
-    objects.update(make_images(rng))
-    sizes = [0, 1, 4095, 4096, 4097, 65536, 131072 + 3, 1 << 20, (1 << 20) + 1, 300_000, 17, 999, 250_000, 12345]
-    for i, n in enumerate(sizes):
-        objects[f"small/f_{i:03d}.bin"] = rng.bytes(n)
-    for name in C7_NAMES:
-        objects[f"names/{name}"] = f"content of {name}\n".encode()
-    objects["table.parquet"] = make_parquet()
-    objects["medium.bin"] = rng.bytes(MEDIUM_SIZE)
-    fs = fuse_moto.s3fs(key=S3_KEY, secret=S3_SECRET)
-    fs.mkdir("fusebkt")
-    fs.pipe({f"fusebkt/data/{k}": v for k, v in objects.items()})
-    for rel, n in (("big.bin", BIG_SIZE), ("xattr/quarter.bin", QUARTER_SIZE), ("nested/deep/er/x.txt", 11)):
-        p = os.path.join(local, rel)
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(p, "wb") as f:
-            f.write(rng.bytes(n))
-    apply_dataset(home, DATASET, fuse_moto.endpoint_url, "fusebkt", local)
-    env = FuseEnv(home, DATASET, local, objects)
+    env = build_env(str(tmp_path_factory.mktemp("fuse")), fuse_moto, "fusebkt")
     yield env
     root = str(tmp_path_factory.getbasetemp())
     leftovers = [line for line in open("/proc/self/mounts") if root in line]

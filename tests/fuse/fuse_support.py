@@ -104,6 +104,35 @@ class FuseEnv:
             return f.read()
 
 
+def build_env(base: str, moto, bucket: str) -> "FuseEnv":
+    """The dataset ``fusetest`` (39 files, ~68 MiB: see conftest.py) written to moto's bucket
+    ``bucket`` and a local directory under ``base``, applied under a fresh home ``base/home``."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    home, local = os.path.join(base, "home"), os.path.join(base, "local")
+    os.makedirs(home, mode=0o700)
+    objects: dict[str, bytes] = {}
+    objects.update(make_images(rng))
+    sizes = [0, 1, 4095, 4096, 4097, 65536, 131072 + 3, 1 << 20, (1 << 20) + 1, 300_000, 17, 999, 250_000, 12345]
+    for i, n in enumerate(sizes):
+        objects[f"small/f_{i:03d}.bin"] = rng.bytes(n)
+    for name in C7_NAMES:
+        objects[f"names/{name}"] = f"content of {name}\n".encode()
+    objects["table.parquet"] = make_parquet()
+    objects["medium.bin"] = rng.bytes(MEDIUM_SIZE)
+    fs = moto.s3fs(key=S3_KEY, secret=S3_SECRET)
+    fs.mkdir(bucket)
+    fs.pipe({f"{bucket}/data/{k}": v for k, v in objects.items()})
+    for rel, n in (("big.bin", BIG_SIZE), ("xattr/quarter.bin", QUARTER_SIZE), ("nested/deep/er/x.txt", 11)):
+        p = os.path.join(local, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(rng.bytes(n))
+    apply_dataset(home, DATASET, moto.endpoint_url, bucket, local)
+    return FuseEnv(home, DATASET, local, objects)
+
+
 def write_secret(home: str, name: str, key: str, value: str) -> None:
     d = os.path.join(home, "secrets", name)
     os.makedirs(d, mode=0o700, exist_ok=True)

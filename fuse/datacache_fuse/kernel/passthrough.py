@@ -1,0 +1,185 @@
+"""Kernel passthrough: backing ids for the files the kernel reads directly, and when not to use them.
+
+A passthrough OPEN reply names a *backing id*, which ``ioctl(FUSE_DEV_IOC_BACKING_OPEN)`` returns
+for an open file descriptor (Linux >= 6.9, ``CONFIG_FUSE_PASSTHROUGH``, ``CAP_SYS_ADMIN``). Rules
+the kernel enforces, and how :class:`BackingFiles` keeps them (fs/fuse/iomode.c, passthrough.c,
+backing.c; go-fuse's ``RegisterBackingFd`` notes the first one):
+
+- A FUSE inode has at most one backing file while it has passthrough handles: another backing id
+  for it fails the open (EBUSY, EIO to the caller). So there is one id per backing file
+  (``st_dev, st_ino``), shared by every handle of it and closed when the last one is released.
+- An inode cannot be open through the page cache and passed through at once: a passthrough
+  open while cached handles are open fails (ETXTBSY, EIO to the caller), and a cached open while
+  passthrough handles are open is refused too. So an inode with cached handles open is served
+  through READ until they are closed, and one with passthrough handles open is passed through
+  (its backing file holds the inode's bytes).
+- Refusals: EPERM (no ``CAP_SYS_ADMIN``) stops passthrough for the session; ELOOP (the backing
+  file is on a stacked file system such as overlayfs, deeper than ``max_stack_depth`` allows),
+  EOPNOTSUPP/EINVAL (a file system without ``read_iter``, or passthrough not negotiated) fall back
+  for that file. Each reason is logged once; the file is then served through READ.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import struct
+import threading
+from dataclasses import dataclass, field
+
+from datacache_fuse.kernel import abi
+
+log = logging.getLogger("datacache_fuse")
+
+_U32 = struct.Struct("=I")
+
+WHY = {
+    errno.EPERM: "the daemon lacks CAP_SYS_ADMIN (passthrough needs it); serving reads through the daemon",
+    errno.ELOOP: "the backing file is on a stacked file system (overlayfs?) deeper than max_stack_depth allows; "
+                 "serving it through the daemon (max_stack_depth=2 would pass it through but forbids stacking "
+                 "an overlay on this mount)",
+    errno.EOPNOTSUPP: "the backing file's file system cannot be read by the kernel directly (no read_iter); "
+                      "serving it through the daemon",
+}
+
+
+def backing_open(dev_fd: int, fd: int) -> int:
+    """Register open file ``fd`` with the FUSE connection of ``dev_fd``: its backing id (> 0).
+    Raises ``OSError`` (EPERM, ELOOP, EOPNOTSUPP, EINVAL)."""
+    arg = bytearray(abi.BACKING_MAP.pack(fd, 0, 0))
+    return fcntl.ioctl(dev_fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
+
+
+def backing_close(dev_fd: int, backing_id: int) -> None:
+    """Drop backing id ``backing_id`` (handles opened with it keep their file)."""
+    fcntl.ioctl(dev_fd, abi.DEV_IOC_BACKING_CLOSE, bytearray(_U32.pack(backing_id)), True)
+
+
+@dataclass
+class _Backing:
+    backing_id: int
+    handles: int = 0
+
+
+@dataclass
+class _Inode:
+    cached: int = 0  # handles open through the page cache (READ)
+    key: tuple | None = None  # backing file of its passthrough handles
+    passthrough: int = 0
+
+
+@dataclass
+class BackingFiles:
+    """Backing ids of one FUSE connection (``dev_fd``), counted per handle. Thread-safe.
+
+    ``enabled``: the kernel negotiated passthrough. :meth:`open_handle` / :meth:`release_handle`
+    bracket every handle the session hands out."""
+
+    dev_fd: int
+    enabled: bool
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _by_key: dict = field(default_factory=dict)  # (st_dev, st_ino) -> _Backing
+    _by_id: dict = field(default_factory=dict)  # backing id -> (st_dev, st_ino)
+    _inodes: dict = field(default_factory=dict)  # FUSE inode -> _Inode
+    _told: set = field(default_factory=set)  # errnos already logged
+    refused: int = 0  # passthrough opens served through READ instead
+
+    def open_handle(self, ino: int, backing: str | int | None) -> int | None:
+        """A handle of FUSE inode ``ino`` is being opened; ``backing``: the local file to pass
+        through, as a path or an open descriptor (closed here), or None to serve through READ.
+        Returns the backing id to put in the OPEN reply, or None to serve this handle through READ
+        (see the module's docstring for when)."""
+        try:
+            return self._open_handle(ino, backing)
+        finally:
+            if isinstance(backing, int):
+                os.close(backing)
+
+    def _open_handle(self, ino: int, path: str | int | None) -> int | None:
+        with self._lock:
+            node = self._inodes.setdefault(ino, _Inode())
+            if node.key is not None:  # passthrough handles open: this one must join them
+                self._by_key[node.key].handles += 1
+                node.passthrough += 1
+                return self._by_key[node.key].backing_id
+            if path is None or not self.enabled or node.cached:
+                node.cached += 1
+                return None
+            try:
+                key, backing = self._register(path)
+            except OSError as err:
+                node.cached += 1
+                self.refused += 1
+                self._tell(err, path)
+                return None
+            backing.handles += 1
+            node.key, node.passthrough = key, 1
+            return backing.backing_id
+
+    def release_handle(self, ino: int, backing_id: int | None) -> None:
+        """The handle opened by :meth:`open_handle` (which returned ``backing_id``) is released."""
+        with self._lock:
+            node = self._inodes.get(ino)
+            if node is None:
+                return
+            if backing_id is None:
+                node.cached = max(node.cached - 1, 0)
+            else:
+                node.passthrough -= 1
+                if node.passthrough <= 0:
+                    node.key, node.passthrough = None, 0
+                key = self._by_id.get(backing_id)
+                backing = self._by_key.get(key)
+                if backing is not None:
+                    backing.handles -= 1
+                    if backing.handles <= 0:
+                        del self._by_key[key], self._by_id[backing_id]
+                        self._close(backing_id)
+            if not node.cached and not node.passthrough:
+                del self._inodes[ino]
+
+    def close_all(self) -> None:
+        """Drop every backing id (the session is ending)."""
+        with self._lock:
+            for backing_id in list(self._by_id):
+                self._close(backing_id)
+            self._by_id.clear()
+            self._by_key.clear()
+            self._inodes.clear()
+
+    @property
+    def open_ids(self) -> int:
+        """Backing ids registered now."""
+        return len(self._by_id)
+
+    def _register(self, path: str | int) -> tuple[tuple, _Backing]:
+        fd = path if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            backing = self._by_key.get(key)
+            if backing is None:
+                backing_id = backing_open(self.dev_fd, fd)  # the kernel keeps its own reference
+                backing = self._by_key[key] = _Backing(backing_id)
+                self._by_id[backing_id] = key
+            return key, backing
+        finally:
+            if fd is not path:
+                os.close(fd)
+
+    def _close(self, backing_id: int) -> None:
+        try:
+            backing_close(self.dev_fd, backing_id)
+        except OSError as err:  # the connection is gone: nothing to free
+            log.debug("backing close of id %d: %s", backing_id, err)
+
+    def _tell(self, err: OSError, path: str | int) -> None:
+        if err.errno == errno.EPERM:
+            self.enabled = False
+        if err.errno in self._told:
+            return
+        self._told.add(err.errno)
+        why = WHY.get(err.errno, f"cannot pass it through ({err.strerror}); serving it through the daemon")
+        log.warning("passthrough of %s: %s", f"descriptor {path}" if isinstance(path, int) else path, why)
