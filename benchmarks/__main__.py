@@ -7,7 +7,7 @@ Run from the repository root, as root (FUSE mounts; the page cache is dropped be
 
 It starts moto's S3 server on loopback behind ``benchmarks.proxy.DelayProxy`` (``--latency-ms``
 first-byte latency, ``--bandwidth-mbps`` per connection: a remote object store), builds the
-dataset into the bucket (``datacache.demo.data``: an ImageNet-style JPEG tree, a WebDataset tar
+dataset into the bucket (``datacache.demo.sample_data``: an ImageNet-style JPEG tree, a WebDataset tar
 shard, Parquet files with several row groups) and, for the ``http`` source (``--sources``), serves
 the same files with nginx (real range support) behind a second proxy with the same settings. For
 each source it runs every system of ``benchmarks.systems`` through the workloads of

@@ -8,7 +8,7 @@ end:
   of it (``benchmarks.proxy.DelayProxy``), so that it behaves like a remote object store: the
   Dataset's endpoint, ``storage_options()`` and ``s3fs()`` then go through the proxy, while the
   dataset itself is built straight into moto (building is not what is measured),
-- builds the demo dataset with ``datacache.demo.data.build_demo_dataset`` (JPEG tree, Parquet
+- builds the demo dataset with ``datacache.demo.sample_data.build_demo_dataset`` (JPEG tree, Parquet
   files, one WebDataset tar shard in the bucket; a few files in a local directory),
 - optionally (``http=True``) serves a copy of the bucket's files with nginx
   (``benchmarks.nginx.NginxServer``: an HTTP source with real range support) behind a second
@@ -44,7 +44,7 @@ from benchmarks.nginx import NginxServer
 from benchmarks.proxy import DelayProxy
 from datacache.api.loader import load_resources
 from datacache.control.embedded import Embedded
-from datacache.demo.data import build_demo_dataset, sha256_bytes
+from datacache.demo.sample_data import build_demo_dataset, sha256_bytes
 from datacache.demo.s3server import DUMMY_KEY, DUMMY_SECRET, MotoServer
 from datacache.ufs.credentials import env_name
 

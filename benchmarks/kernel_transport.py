@@ -47,7 +47,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from benchmarks.common import MB, cpu_seconds, format_table
 from benchmarks.fuse_read import drop_caches, read_paths
-from datacache.demo.data import sha256_file as sha_file
+from datacache.demo.sample_data import sha256_file as sha_file
 
 SMALL = 100_000
 PER_DIR = 100

@@ -76,7 +76,7 @@ from benchmarks.common import (
 )
 from datacache.cache.blocks import block_count
 from datacache.control.embedded import Embedded
-from datacache.dataload import warmup as dataload_warmup
+from datacache.warmup import warmup as dataload_warmup
 
 RUNTIMES = ("default", "ssd-only")
 LOCAL_COPY_WRITE = 4 << 20  # write size used to make the plain local copy

@@ -41,11 +41,11 @@ from datacache.api.loader import load_resource_dict
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.disk import DiskTier
 from datacache.cluster.auth import ensure_token, load_token
-from datacache.cluster.client import LoopThread, WorkerClient
+from datacache.cluster.worker_client import LoopThread, WorkerClient
 from datacache.cluster.membership import Membership
-from datacache.cluster.source import connect
+from datacache.cluster.worker_source import connect
 from datacache.control.embedded import Embedded
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 
 MiB = 1 << 20
 BLOCK = 4 * MiB

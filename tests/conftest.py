@@ -1,6 +1,6 @@
 """Shared fixtures: a real moto S3 server over HTTP, fresh buckets, an isolated DATACACHE_HOME.
 
-Checksum helpers live in ``datacache.demo.data`` (``sha256_bytes``, ``sha256_file``) so tests,
+Checksum helpers live in ``datacache.demo.sample_data`` (``sha256_bytes``, ``sha256_file``) so tests,
 the demo and benchmarks share one definition.
 """
 

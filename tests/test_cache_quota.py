@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 from support import apply_dataset, du
 
 MiB = 1 << 20

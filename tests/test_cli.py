@@ -146,7 +146,7 @@ def test_secret_values_never_printed(named_dataset, datacache_home, monkeypatch)
 
 
 def test_delete_refuses_a_mounted_dataset_unless_forced(datacache_home, tmp_path):
-    from datacache.control.mounts import fuse_mounts_of, lazy_unmount
+    from datacache.control.fuse_mounts import fuse_mounts_of, lazy_unmount
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_bytes(b"hello\n" * 1000)

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from datacache.demo.data import (
+from datacache.demo.sample_data import (
     JPEG_MAX_BYTES,
     JPEG_MIN_BYTES,
     build_demo_dataset,

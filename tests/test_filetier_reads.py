@@ -12,7 +12,7 @@ import time
 
 import fsspec
 
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 from datacache.stack import layout
 from support import apply_dataset
 

@@ -17,7 +17,7 @@ from hashlib import sha256
 
 import pytest
 
-from datacache.cache.blocks import block_count, block_range
+from datacache.cache.blocks import block_count
 from datacache.control.observe import store_keys
 from datacache.errors import StaleFileError
 from support import apply_dataset

@@ -1,7 +1,7 @@
 """The block-source contract: what the Reader, DatasetClient, warmup and FUSE ask of a source.
 
-Two implementations keep it: :class:`~datacache.cache.source.LocalBlockSource` (this process's
-tiered store, filled from the UFS) and :class:`~datacache.cluster.source.ClusterBlockSource` (the
+Two implementations keep it: :class:`~datacache.cache.local_source.LocalBlockSource` (this process's
+tiered store, filled from the UFS) and :class:`~datacache.cluster.worker_source.ClusterBlockSource` (the
 runtime's cache workers). ``tests/test_block_source_contract.py`` runs both through the same
 cases: hits, misses, single-flight, budget bounds, a version change, a corrupt block, and (for
 workers) a dead worker.

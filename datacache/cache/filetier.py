@@ -456,7 +456,7 @@ def _digest(path: str, size: int) -> str:
 
 def materialize_entry(tier: FileTier, source, entry: FileEntry) -> str | None:
     """Build the complete file of ``entry``'s version in ``tier`` from ``source`` (a block source:
-    ``block_size``, ``key``, ``is_cached``, ``get``; see :mod:`datacache.cache.source`) when every
+    ``block_size``, ``key``, ``is_cached``, ``get``; see :mod:`datacache.cache.local_source`) when every
     block of it is cached, and return its path; None when a block is not cached (also when it is
     evicted while the file is written), or another writer is writing it now.
 

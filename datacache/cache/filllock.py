@@ -1,6 +1,6 @@
 """Per-block fill locks shared by every process using one cache directory.
 
-Single-flight inside a process (a dict of futures, :mod:`datacache.cache.source`) does not reach
+Single-flight inside a process (a dict of futures, :mod:`datacache.cache.local_source`) does not reach
 the DataLoader's worker processes: 32 processes reading one cold S3 object through
 ``datacache://`` made 291 GETs for its 12 blocks (issue 18). A fill of a block therefore runs
 "check the cache -> read the UFS -> store" under an exclusive ``flock`` whose lock file is named

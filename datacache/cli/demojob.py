@@ -36,7 +36,7 @@ from datacache.api.quantity import format_bytes
 from datacache.cli.data import run_warmup
 from datacache.cli.tables import table
 from datacache.control.embedded import Embedded
-from datacache.demo.data import build_demo_dataset
+from datacache.demo.sample_data import build_demo_dataset
 from datacache.demo.s3server import DUMMY_KEY, DUMMY_SECRET, MotoServer
 from datacache.ufs.credentials import env_name
 

@@ -28,7 +28,7 @@ third empties a worker before a scale-in removes it:
   served, not kept), so a finished drain leaves no current block behind. It reports what it moved,
   what it could not move and why (:meth:`Peers.drain`).
 
-One replica per block is assumed here, as :func:`datacache.cluster.source.connect` places them.
+One replica per block is assumed here, as :func:`datacache.cluster.worker_source.connect` places them.
 Peers are asked with the runtime's own token; their answers are verified by checksum.
 """
 
@@ -39,7 +39,7 @@ import logging
 import time
 
 from datacache.cluster import placement
-from datacache.cluster.client import WorkerClient, WorkerRejected, WorkerUnavailable
+from datacache.cluster.worker_client import WorkerClient, WorkerRejected, WorkerUnavailable
 from datacache.cluster.member import Member
 from datacache.cluster.routing import Router
 

@@ -8,7 +8,7 @@ not ready, so DESIRED/READY tell the whole story.
 
 from __future__ import annotations
 
-from datacache.cluster.client import LoopThread, WorkerClient
+from datacache.cluster.worker_client import LoopThread, WorkerClient
 from datacache.cluster.membership import open_membership
 from datacache.cluster import workerset
 

@@ -34,7 +34,7 @@ A disk hit is not copied into MEM on its way out: with sendfile the kernel's pag
 keeps hot block files in memory, and copying them through Python would cost more than it saves;
 MEM serves blocks the store promoted (second access through the checked path) and MEM-only
 runtimes. Block responses carry ``X-Block-Checksum`` (xxh3 of the bytes; the client verifies it) and
-``X-Cache: hit|miss``. Fills reuse :class:`~datacache.cache.source.LocalBlockSource` unchanged
+``X-Cache: hit|miss``. Fills reuse :class:`~datacache.cache.local_source.LocalBlockSource` unchanged
 (single-flight per block, one memory budget, exact-version ranged reads); demand fills run in a
 pool of ``fill_threads`` threads, which bounds this worker's concurrent UFS connections. Every
 request field is validated by :mod:`.wire` before the store or the UFS is touched. A fill answer
@@ -60,7 +60,7 @@ from aiohttp import web
 from datacache.cache.blocks import BlockKey, block_range, checksum
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.memory import MemoryTier
-from datacache.cache.source import LocalBlockSource
+from datacache.cache.local_source import LocalBlockSource
 from datacache.cache.tiered import TieredStore
 from datacache.cluster import auth, transport, wire
 from datacache.cluster.member import Member

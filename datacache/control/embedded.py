@@ -29,19 +29,19 @@ from datacache.api.quantity import format_bytes
 from datacache.cache.disk import DiskTier
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
-from datacache.client import DatasetClient
-from datacache.cluster import auth, membership, source as cluster_source
+from datacache.dataset_client import DatasetClient
+from datacache.cluster import auth, membership, worker_source as cluster_source
 from datacache.cluster.status import observe_workers
 from datacache.cluster import workerset
 from datacache.control import dataloads, observe, reconcile, supervisor
 from datacache.stack import refreshed, syncmark
-from datacache.control.mounts import fuse_mounts_of, lazy_unmount
+from datacache.control.fuse_mounts import fuse_mounts_of, lazy_unmount
 from datacache.stack import layout
 from datacache.stack.engines import stop_runtime
 from datacache.stack.readpath import ReadPath, distributed
 from datacache.state import StateStore, default_home, now_iso
 from datacache.control.sync import sync_manifest
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 from datacache.errors import DatacacheError, ResourceError
 from datacache.manifest import Manifest, ManifestDiff
 from datacache.ufs.mounts import UnionNamespace

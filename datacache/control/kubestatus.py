@@ -37,7 +37,7 @@ from lightkube.types import PatchType
 
 from datacache.api.crds import GROUP, PLURALS, VERSION
 from datacache.cluster import auth
-from datacache.cluster.client import LoopThread, WorkerClient
+from datacache.cluster.worker_client import LoopThread, WorkerClient
 from datacache.cluster.member import Member
 from datacache.cluster.membership import open_membership
 from datacache.cluster.placement import lookup

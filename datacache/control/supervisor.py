@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 from datacache import private
 from datacache.cluster.auth import ensure_token, load_token, runtime_dir
-from datacache.cluster.client import LoopThread, WorkerClient
+from datacache.cluster.worker_client import LoopThread, WorkerClient
 from datacache.cluster import membership, merge
 from datacache.cluster.membership import Membership
 from datacache.cluster import workerset

@@ -3,7 +3,7 @@
 A Dataset and its runtime (stored resources) become, in order: the namespace (the stored
 manifest), the UFS (its mounts opened by the runtime's engine), the tiered store (the runtime's
 levels under one directory layout), the block source (in-process, or the runtime's cache
-workers) and the :class:`~datacache.client.DatasetClient` readers use. The embedded control
+workers) and the :class:`~datacache.dataset_client.DatasetClient` readers use. The embedded control
 plane, ``datacache://``, the FUSE daemon and the cache worker process all call
 :class:`~datacache.stack.readpath.ReadPath`; none of them builds a control plane to read.
 

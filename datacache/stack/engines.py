@@ -5,7 +5,7 @@ answer the same three calls: ``opener(dataset)`` (how the Dataset's mounts becom
 a ``datacache.ufs.mounts.MountOpener``; ``None``: each mount's URL through fsspec), ``ready()``
 and ``stop()``. The built-in ``CacheRuntime`` is :class:`CacheEngine`; any other kind comes from
 the package registered for it in entry-point group :data:`ENGINE_GROUP` (``ThinRuntime``:
-``datacache_runtimes.engines``), a module with ``engine(runtime, profile, home)`` and
+``datacache_runtimes.thin_engine``), a module with ``engine(runtime, profile, home)`` and
 ``stop_runtime(runtime, home)``. Plugins register with the core; the core never imports them.
 """
 

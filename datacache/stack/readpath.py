@@ -23,11 +23,11 @@ from datacache.cache.budget import MemoryBudget
 from datacache.cache.disk import DiskTier
 from datacache.cache.filetier import FileTier
 from datacache.cache.memory import MemoryTier
-from datacache.cache.source import LocalBlockSource
+from datacache.cache.local_source import LocalBlockSource
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
-from datacache.client import DatasetClient
-from datacache.cluster import membership, source as cluster_source
+from datacache.dataset_client import DatasetClient
+from datacache.cluster import membership, worker_source as cluster_source
 from datacache.errors import ResourceError
 from datacache.manifest import Manifest
 from datacache.stack import layout, refreshed, syncmark

@@ -12,7 +12,7 @@ import asyncio
 
 from datacache.cache.blocks import file_id
 from datacache.cluster import auth
-from datacache.cluster.client import WorkerClient
+from datacache.cluster.worker_client import WorkerClient
 from datacache.cluster.membership import Membership, open_membership
 from datacache.cluster.peers import Peers
 from datacache.cluster.routing import Router

@@ -44,7 +44,7 @@ log = logging.getLogger("datacache_fuse")
 
 
 class DatasetOperations(Operations):
-    """Kernel-transport handlers over one ``datacache.client.DatasetClient``.
+    """Kernel-transport handlers over one ``datacache.dataset_client.DatasetClient``.
 
     ``attr_timeout``: seconds the kernel may cache entries and attributes; ``reload_interval``:
     seconds between two checks for a new stored manifest (None: never); ``no_open``: answer the

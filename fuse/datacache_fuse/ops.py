@@ -75,7 +75,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
 class DatacacheOperations(pyfuse3.Operations):
-    """pyfuse3 handlers over one ``datacache.client.DatasetClient``.
+    """pyfuse3 handlers over one ``datacache.dataset_client.DatasetClient``.
 
     ``attr_timeout``: seconds the kernel may cache entries and attributes; ``workers``: threads
     for blocking calls (reads, xattrs, statfs); ``on_init``: called (no arguments, on the event

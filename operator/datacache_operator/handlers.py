@@ -26,8 +26,8 @@ from datacache.control import autoscale, reconcile
 from datacache.control.kubestatus import SYNC_EVENT_ANNOTATION
 from datacache.errors import ConfigError
 
-from . import kube, manifests, observe, syncjob, webhook
-from .resources import from_body
+from . import kube, manifests, syncjob, webhook, worker_reports
+from .api_objects import from_body
 from .settings import Settings
 
 SETTINGS = Settings.from_env()
@@ -100,7 +100,7 @@ async def _worker_metrics(client: AsyncClient, runtime: Any) -> list[autoscale.W
     """Capacity and used bytes of the runtime's running worker pods, from their /metrics."""
     pods = await kube.pod_ips(client, runtime.metadata.namespace, manifests.worker_labels(runtime))
     port = manifests.worker_port(runtime)
-    return await observe.scrape([(pod, f"http://{ip}:{port}") for pod, ip in pods])
+    return await worker_reports.scrape([(pod, f"http://{ip}:{port}") for pod, ip in pods])
 
 
 def _reconciled(plural: str, timer_id: str) -> Any:
@@ -141,7 +141,7 @@ async def reconcile_runtime(body: Any, patch: kopf.Patch) -> None:
     workload_status = (observed or {}).get("status") or {}
     desired = (workload_status.get("desiredNumberScheduled") if workload["kind"] == "DaemonSet"
                else runtime.spec.replicas)
-    workers = [observe.status_entry(m) for m in metrics]
+    workers = [worker_reports.status_entry(m) for m in metrics]
     status = reconcile.runtime_status(desired or 0, workers)
     status["selector"] = manifests.selector(runtime)
     patch.status.update(status)

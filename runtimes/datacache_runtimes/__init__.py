@@ -9,6 +9,6 @@ storage system in two ways (``runtimes/README.md`` walks through both):
 - :mod:`.fusecmd`: a FUSE command that mounts the storage at a target directory given in a config
   file, which is then read as a local directory; :mod:`.sshfs` is one (Debian's sshfs).
 
-:mod:`.engines` is the ThinRuntime engine the core finds by entry point (group ``datacache.engines``); :mod:`datacache.ufs.secretfiles` hands secrets
+:mod:`.thin_engine` is the ThinRuntime engine the core finds by entry point (group ``datacache.engines``); :mod:`datacache.ufs.secretfiles` hands secrets
 to runtimes as file paths, never values. Ready-made profiles are in ``profiles/*.yaml``.
 """

@@ -12,10 +12,10 @@ from datacache.api.loader import load_resource_dict
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.blocks import block_count, block_range, file_id
 from datacache.cache.disk import DiskTier
-from datacache.client import DatasetClient
+from datacache.dataset_client import DatasetClient
 from datacache.cluster.member import Member
 from datacache.cluster.membership import Membership
-from datacache.cluster.source import connect
+from datacache.cluster.worker_source import connect
 from datacache.control import supervisor
 from datacache.control.embedded import Embedded
 from support import disk_keys

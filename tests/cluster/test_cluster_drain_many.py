@@ -20,7 +20,7 @@ import pytest
 from cluster_support import apply_cluster, block_bytes, live, stored_keys, wait_for, write_files
 from datacache.cache.blocks import block_count
 from datacache.cluster.auth import load_token
-from datacache.cluster.client import LoopThread, WorkerClient, WorkerUnavailable
+from datacache.cluster.worker_client import LoopThread, WorkerClient, WorkerUnavailable
 from datacache.cluster.membership import Membership
 from datacache.control.reconcile import percentage
 

@@ -18,7 +18,7 @@ from cluster_support import MiB, disrupt_mid_read, live, open_client, reap, stor
 from datacache.api.loader import load_resource_dict
 from datacache.cluster.auth import ensure_token
 from datacache.control.embedded import Embedded
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 
 NAME = "ns"
 BLOCK = 256 << 10

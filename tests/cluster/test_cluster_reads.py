@@ -24,7 +24,7 @@ from datacache.cache.blocks import checksum
 from datacache.cache.disk import DiskTier
 from datacache.cluster import auth, transport
 from datacache.cluster.placement import owners
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 
 NAME = "rd"
 BLOCK = 256 << 10

@@ -19,8 +19,8 @@ from cluster_support import (MiB, apply_cluster, block_bytes, kill_worker, live,
 from datacache.cluster.auth import runtime_dir
 from datacache.cluster.placement import owners
 from datacache.control.supervisor import read_pid
-from datacache.dataload import warmup
-from datacache.demo.data import sha256_bytes
+from datacache.warmup import warmup
+from datacache.demo.sample_data import sha256_bytes
 
 BLOCK = 256 << 10
 

@@ -18,7 +18,7 @@ from datacache.cluster.auth import runtime_dir
 from datacache.cluster.placement import owners
 from datacache.control.embedded import Embedded
 from datacache.control.supervisor import read_pid
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 
 BLOCK = 256 << 10
 

@@ -19,8 +19,8 @@ from datacache.cluster.auth import runtime_dir
 from datacache.cluster.member import Member
 from datacache.cluster.membership import Membership
 from datacache.control.supervisor import read_pid
-from datacache.dataload import warmup
-from datacache.demo.data import sha256_bytes
+from datacache.warmup import warmup
+from datacache.demo.sample_data import sha256_bytes
 
 NAME = "st"
 BLOCK = 256 << 10

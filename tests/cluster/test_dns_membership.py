@@ -39,10 +39,10 @@ from datacache.state import StateStore
 from datacache.errors import ConfigError
 from datacache.cluster.discovery import DnsMembership, MembershipUnavailableError, srv_name
 from datacache.cluster.placement import owners
-from datacache.cluster.client import WorkerClient
+from datacache.cluster.worker_client import WorkerClient
 from datacache.cluster.peers import Peers
 from datacache.cluster.routing import Router
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 
 NAME = "dnsrt"
 BLOCK = 256 << 10

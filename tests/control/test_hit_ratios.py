@@ -10,10 +10,10 @@ from cluster_support import MiB, apply_cluster, worker_metrics, write_files
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.stats import HitStats
 from datacache.cluster import auth
-from datacache.cluster.client import WorkerClient
+from datacache.cluster.worker_client import WorkerClient
 from datacache.cluster.membership import open_membership
 from datacache.cluster.routing import Router
-from datacache.cluster.source import ClusterBlockSource
+from datacache.cluster.worker_source import ClusterBlockSource
 
 KiB = 1024
 BS = 64 * KiB

@@ -13,7 +13,7 @@ import pytest
 
 from datacache.api.quantity import format_bytes
 from datacache.stack import syncmark
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 from datacache.errors import ResourceError
 from support import apply_dataset, s3_mount
 

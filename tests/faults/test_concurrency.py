@@ -55,7 +55,7 @@ with fsspec.open("datacache://herd/big.bin", "rb", home=home, skip_instance_cach
 _WARM_IN_A_PROCESS = """
 import os, sys, time
 from datacache.control.embedded import Embedded
-from datacache.dataload import warmup
+from datacache.warmup import warmup
 home, go = sys.argv[1], sys.argv[2]
 client = Embedded(home).open_dataset("herd")
 while not os.path.exists(go):

@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from datacache.demo.data import sha256_bytes as sha
-from datacache.demo.data import sha256_file as sha_file
+from datacache.demo.sample_data import sha256_bytes as sha
+from datacache.demo.sample_data import sha256_file as sha_file
 from datacache import mountinfo
 from datacache_fuse.kernel.abi import Op
 from datacache_fuse.kernel.mirror import MirrorOperations

@@ -12,7 +12,6 @@ import base64
 import os
 import shutil
 import subprocess
-import sys
 
 import helm_python as helm
 import yaml

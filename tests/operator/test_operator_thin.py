@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from datacache.api.loader import load_resources
-from datacache.cluster.client import WorkerClient
+from datacache.cluster.worker_client import WorkerClient
 from datacache.control.embedded import Embedded
 from datacache_operator import manifests
 from datacache_operator.settings import Settings

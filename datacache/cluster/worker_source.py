@@ -1,7 +1,7 @@
 """ClusterBlockSource: the block-source contract over a set of cache workers.
 
 It keeps the contract :class:`~datacache.cache.blocksource.BlockSource` states, as
-:class:`~datacache.cache.source.LocalBlockSource` does, so the Reader, DatasetClient, FUSE and
+:class:`~datacache.cache.local_source.LocalBlockSource` does, so the Reader, DatasetClient, FUSE and
 warmup do not know whether blocks are local or remote.
 
 Read path, per block (see :mod:`.routing` for the order and the short-circuit rule):
@@ -36,11 +36,11 @@ from collections import Counter, OrderedDict
 from datacache.cache.blocks import BlockKey, PieceBlock, block_count, block_range, file_id
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.memory import MemoryTier
-from datacache.cache.source import LocalBlockSource
+from datacache.cache.local_source import LocalBlockSource
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.cluster import auth
-from datacache.cluster.client import BlockVanished, LoopThread, WorkerClient, WorkerRejected, WorkerUnavailable
+from datacache.cluster.worker_client import BlockVanished, LoopThread, WorkerClient, WorkerRejected, WorkerUnavailable
 from datacache.cluster.member import Member
 from datacache.cluster.membership import open_membership
 from datacache.cluster.readahead import ReadAhead

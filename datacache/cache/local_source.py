@@ -3,7 +3,7 @@ from the UFS.
 
 It keeps the block-source contract (:class:`~datacache.cache.blocksource.BlockSource`) that the
 Reader, DatasetClient and warmup use; the runtime's cache workers keep it too
-(``datacache.cluster.source``). Fills are single-flight: concurrent requests of one missing block
+(``datacache.cluster.worker_source``). Fills are single-flight: concurrent requests of one missing block
 share one UFS read, threads of a process through a future per block, processes sharing the cache
 directory through a per-block file lock (:mod:`datacache.cache.filllock`; a waiter re-checks the
 cache and reads the block filled meanwhile). Every fill holds its bytes against one shared
