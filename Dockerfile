@@ -1,25 +1,23 @@
 # One image for the operator, the cache workers, the FUSE sidecars and the DataLoad Jobs.
 #   docker build -t datacache:0.1.0 .
 FROM python:3.11-slim-bookworm AS build
-RUN apt-get update && apt-get install -y --no-install-recommends build-essential pkg-config libfuse3-dev \
-    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY datacache datacache
 COPY fuse fuse
 COPY runtimes runtimes
 COPY operator operator
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[fuse,sftp,operator]' \
-    && rm /wheels/pyfuse3-*.whl && python fuse/build_pyfuse3.py --wheel-dir /wheels
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[sftp,operator]'
 
 FROM python:3.11-slim-bookworm
-# fuse3: fusermount3 and /etc/fuse.conf for the sidecar's allow_other mount
-RUN apt-get update && apt-get install -y --no-install-recommends fuse3 libfuse3-3 \
+# fuse3: fusermount3 and /etc/fuse.conf for the sidecar's allow_other mount (the mount itself is
+# pure Python: no libfuse)
+RUN apt-get update && apt-get install -y --no-install-recommends fuse3 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --create-home --home-dir /home/datacache datacache \
     && mkdir -p /var/lib/datacache && chown 10001:10001 /var/lib/datacache && chmod 0700 /var/lib/datacache
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels 'datacache[fuse,sftp,operator]' && rm -rf /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels 'datacache[sftp,operator]' && rm -rf /wheels
 ENV DATACACHE_HOME=/var/lib/datacache PYTHONUNBUFFERED=1
 USER 10001
 ENTRYPOINT []

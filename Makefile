@@ -1,16 +1,16 @@
 # Fresh machine:  make demo   (set everything up, then run `datacache demo`)
 #                 make test   (set everything up, then run the tests)
 #
-# `system` installs the Debian packages the tests use for real (FUSE, nginx as an HTTP source,
-# OpenSSH for SFTP, rclone and s3fs-fuse as peers) only when one is missing; it needs root (CI runs
-# as root) or password-less sudo. `venv` makes .venv and installs this project with its dev extras,
+# `system` installs the Debian packages the tests use for real (FUSE's fusermount3, nginx as an
+# HTTP source, OpenSSH for SFTP, rclone and s3fs-fuse as peers) only when one is missing; it needs
+# root (CI runs as root) or password-less sudo. `venv` makes .venv and installs this project with its dev extras,
 # again only when pyproject.toml changed since the last install.
 
 SHELL       := /bin/bash
 PYTHON      ?= python3
 VENV        := .venv
 STAMP       := $(VENV)/.installed
-DEB_PACKAGES := fuse3 libfuse3-dev pkg-config attr nginx openssh-server sshfs rclone s3fs
+DEB_PACKAGES := fuse3 attr nginx openssh-server sshfs rclone s3fs
 
 .PHONY: all system venv demo test clean
 
@@ -22,13 +22,8 @@ system:
 	  echo "make system: not a Debian-based system; install by hand: $(DEB_PACKAGES)" >&2; exit 0; fi; \
 	missing=""; \
 	for p in $(DEB_PACKAGES); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if ! command -v $(PYTHON) >/dev/null; then missing="$$missing python3 python3-venv python3-dev"; \
-	else \
-	  $(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
-	  $(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
-	    || missing="$$missing python3-dev"; \
-	fi; \
-	command -v cc >/dev/null || missing="$$missing gcc"; \
+	if ! command -v $(PYTHON) >/dev/null; then missing="$$missing python3 python3-venv"; \
+	else $(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; fi; \
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
@@ -49,12 +44,11 @@ system:
 venv: system $(STAMP)
 
 # torch==2.13.0 is the CPU build this machine type carries on disk (for the DataLoader test); an
-# unpinned torch would pull a multi-GB CUDA build. fuse/build_pyfuse3.py first builds pyfuse3
-# with datacache's two patches (the kernel's no-open mode; a reader-callback main loop) (pip then
-# keeps it: it satisfies the fuse extra's pyfuse3 requirement).
-$(STAMP): pyproject.toml fuse/build_pyfuse3.py fuse/pyfuse3_dispatch.pxi | system
+# unpinned torch would pull a multi-GB CUDA build. Nothing is compiled: the FUSE mount is pure
+# Python (fuse/datacache_fuse/kernel speaks the kernel's protocol on /dev/fuse; fuse3 brings
+# fusermount3 for mounts by users other than root).
+$(STAMP): pyproject.toml | system
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python fuse/build_pyfuse3.py
 	$(VENV)/bin/python -m pip install -e '.[dev]' 'torch==2.13.0'
 	touch $@
 

@@ -58,8 +58,9 @@ is its ``VmHWM`` (``/proc/<pid>/status``) read just before it is unmounted; its 
 
 With ``--profile``, for each datacache workload that missed its goal, ``py-spy record`` samples the
 daemon (all threads) for a few more passes and prints the top functions by own time and the
-datacache / pyfuse3 / diskcache functions by total time, idle waits left out (``pip install
-py-spy`` into the venv first). The Cython inside pyfuse3 shows as ``async_wrapper``'s own time.
+datacache / diskcache functions by total time, idle waits left out (``pip install py-spy`` into
+the venv first). A worker thread waiting for the next request shows as ``Session._worker``'s own
+time and is counted as idle.
 
 Every mount (datacache and rclone) is removed with ``fusermount3 -uz`` and every process this
 benchmark started is stopped in ``finally``, also on failure or Ctrl-C.
@@ -726,16 +727,17 @@ class FuseReadBench:
         return out
 
 
-_IDLE_LEAVES = ("EpollSelector.select (selectors.py", "_worker (concurrent/futures/thread.py",
-                "Condition.wait (threading.py", "Thread._wait_for_tstate_lock (threading.py")
-_OURS = ("datacache/", "datacache_fuse/", "diskcache/", "pyfuse3", "xxhash")
+_IDLE_LEAVES = ("Session._worker (datacache_fuse/kernel/session.py", "_worker (concurrent/futures/thread.py",
+                "Condition.wait (threading.py", "Thread._wait_for_tstate_lock (threading.py",
+                "Event.wait (threading.py")
+_OURS = ("datacache/", "datacache_fuse/", "diskcache/", "xxhash")
 
 
 def summarize_pyspy(path: str, top: int) -> str:
     """Where the daemon's time went, from py-spy's raw output (``thread (tid): name;frame;...
     count`` per line): samples per thread, the top functions by own (leaf) samples, and the
-    datacache / pyfuse3 / diskcache functions by total (inclusive) samples. Samples whose leaf
-    is an idle wait (the event loop's epoll, a pool thread's queue) are counted apart."""
+    datacache / diskcache functions by total (inclusive) samples. Samples whose leaf is an idle
+    wait (a session worker's read of ``/dev/fuse``, a pool thread's queue) are counted apart."""
     own: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
     threads: collections.Counter[str] = collections.Counter()
@@ -765,7 +767,7 @@ def summarize_pyspy(path: str, top: int) -> str:
              + ", ".join(f"{t} {n}" for t, n in threads.most_common(6))]
     lines.append("  own %  function (leaf frames)")
     lines += [f"  {100 * n / busy:5.1f}  {fn}" for fn, n in own.most_common(top)]
-    lines.append("  total %  datacache / pyfuse3 / diskcache function (inclusive)")
+    lines.append("  total %  datacache / diskcache function (inclusive)")
     lines += [f"  {100 * n / busy:5.1f}  {fn}" for fn, n in total.most_common(top)]
     return "\n".join(lines)
 

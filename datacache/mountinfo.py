@@ -12,9 +12,9 @@
   (``fusermount3 -u -z``, falling back to ``umount -l``): the path is free at once, open files keep
   working until closed, and then the daemon's session ends.
 - :func:`set_read_ahead` widens the mount's bdi read-ahead window. The kernel sizes FUSE read
-  requests by the read-ahead window (128 KiB by default) and ``max_read=1048576`` fails to mount
-  with libfuse 3.14, so the daemon writes ``/sys/class/bdi/<major:minor>/read_ahead_kb`` after the
-  kernel's INIT request has been answered (the INIT reply resets it).
+  requests by the read-ahead window (128 KiB by default), so the daemon writes
+  ``/sys/class/bdi/<major:minor>/read_ahead_kb`` after the kernel's INIT request has been
+  answered (the INIT reply resets it).
 
 Paths are compared as the kernel prints them: absolute, parent symlinks resolved, without touching
 the mount point itself (which may be dead).

@@ -207,7 +207,6 @@ def test_warmup_bar_rate_is_ufs_bytes_per_second_in_mib():
 
 # 9 ----------------------------------------------------------------------------------------------
 def test_mount_and_unmount_errors_have_the_same_form_as_the_rest(datacache_home, tmp_path):
-    pytest.importorskip("datacache_fuse", reason="datacache mount needs the 'fuse' extra")
     proc = dc("mount", "nosuch", str(tmp_path), home=datacache_home)
     assert proc.returncode == 1 and proc.stderr.decode() == (
         "error: dataset default/nosuch not found: apply it first (datacache apply -f FILE); see 'datacache get "

@@ -14,6 +14,7 @@ import click
 from datacache.cli import cluster, controller, crds, data, resources, rundemo
 from datacache.control.embedded import describe_error
 from datacache.errors import DatacacheError
+from datacache_fuse.cli import mount, unmount
 
 
 class _Group(click.Group):
@@ -42,22 +43,8 @@ def cli() -> None:
 
 
 for command in (*resources.COMMANDS, *data.COMMANDS, *rundemo.COMMANDS, *cluster.COMMANDS, *crds.COMMANDS,
-                *controller.COMMANDS):
+                *controller.COMMANDS, mount, unmount):
     cli.add_command(command)
-
-try:  # FUSE needs the 'fuse' extra (pyfuse3, Debian's libfuse3)
-    from datacache_fuse.cli import mount, unmount
-
-    cli.add_command(mount)
-    cli.add_command(unmount)
-except ImportError as _err:  # pragma: no cover - only without the extra
-    _missing = str(_err)
-
-    @cli.command(context_settings={"ignore_unknown_options": True})
-    @click.argument("args", nargs=-1)
-    def mount(args):
-        """Mount a dataset (needs the 'fuse' extra)."""
-        raise click.ClickException(f"FUSE support is not installed ({_missing}): pip install 'datacache[fuse]'")
 
 
 def main() -> None:

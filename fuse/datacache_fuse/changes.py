@@ -1,8 +1,8 @@
 """Which directory entries the kernel may hold that a manifest change contradicts.
 
-Shared by both FUSE transports (``ops`` on pyfuse3, ``kernel_ops`` on the kernel transport): after
-a ``datacache sync`` or a per-file refresh, these ``(parent, name)`` pairs are invalidated so the
-next lookup sees the new manifest (cases C3, C4, C5).
+Used by the handlers (``kernel_ops``): after a ``datacache sync`` or a per-file refresh, these
+``(parent, name)`` pairs are invalidated so the next lookup sees the new manifest (cases C3, C4,
+C5).
 """
 
 from __future__ import annotations

@@ -63,21 +63,18 @@ def _check_dataset(home: str, dataset: str, namespace: str) -> None:
 @click.option("--home", type=click.Path(file_okay=False), default=None,
               help="DATACACHE_HOME (default: $DATACACHE_HOME or ~/.local/share/datacache).")
 @click.option("-o", "--option", "options", multiple=True, metavar="OPT[,OPT...]",
-              help="FUSE mount option passed to libfuse (e.g. allow_other); repeatable.")
+              help="FUSE mount option (e.g. allow_other); repeatable.")
 @click.option("--debug", is_flag=True, help="Log every FUSE request (to the log file and stderr).")
 @click.option("--allow-nonempty", is_flag=True,
               help="Mount over a directory that has entries (they are hidden while mounted).")
 @click.option("--open-handles", is_flag=True,
               help="Answer every open with a file handle (an OPEN and a RELEASE request per file) "
-                   "instead of the kernel's no-open mode; the only mode with stock pyfuse3. With "
-                   "--transport kernel, file-tier files are then passed through to the kernel.")
+                   "instead of the kernel's no-open mode; file-tier files are then passed through "
+                   "to the kernel (reads never reach the daemon).")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="With --background: seconds to wait for the mount to answer.")
-@click.option("--transport", type=click.Choice(["pyfuse3", "kernel"]), default="pyfuse3", show_default=True,
-              envvar="DATACACHE_FUSE_TRANSPORT",
-              help="FUSE transport: pyfuse3 (libfuse) or kernel (datacache's own, no libfuse; experimental).")
 def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, allow_nonempty, open_handles,
-          timeout, transport):
+          timeout):
     """Mount DATASET read-only at MOUNTPOINT through FUSE.
 
     Runs in the foreground until unmounted (Ctrl-C or 'datacache unmount MOUNTPOINT'), unless
@@ -100,7 +97,7 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
                     check_empty(mountpoint)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
                                debug=debug, restart=restart, allow_nonempty=allow_nonempty,
-                               open_handles=open_handles, transport=transport)
+                               open_handles=open_handles)
             pid = start_background(argv, mountpoint, logfile, timeout)
             what = "supervisor" if restart else "daemon"
             click.echo(f"mounted {namespace}/{dataset} at {mountpoint} ({what} pid {pid}, log {logfile})")
@@ -109,11 +106,11 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
 
             setup_logging(logfile, debug=debug)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                               allow_nonempty=allow_nonempty, open_handles=open_handles, transport=transport)
+                               allow_nonempty=allow_nonempty, open_handles=open_handles)
             raise SystemExit(supervise(argv, mountpoint))
         else:
             serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None, transport=transport)
+                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None)
     except _user_errors() as err:
         raise _UserError(str(err)) from None
 

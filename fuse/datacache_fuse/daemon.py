@@ -6,13 +6,14 @@ Order, and why:
    reported before anything is mounted, and the manifest is loaded (or synced) once.
 2. Prepare the mount point (:func:`prepare_mountpoint`): a dead mount left by a killed daemon is
    lazily unmounted (case C11), a live one is refused, a missing directory is created.
-3. ``pyfuse3.init`` mounts (read-only, ``default_permissions``, ``fsname=datacache:NS/NAME``,
-   type ``fuse.datacache``); once the kernel's INIT is answered the bdi read-ahead is widened
-   to 1 MiB (see :mod:`datacache.mountinfo`). pyfuse3 runs on asyncio (``pyfuse3.asyncio.enable()``);
-   blocking reads run in the operations' worker pool.
-4. The loop ends when the mount goes away (``datacache unmount``: a lazy unmount ends the session
-   once the last open file is closed) or on SIGTERM/SIGINT/SIGHUP, which unmount (lazily, as
-   libfuse does for root) and exit 0.
+3. datacache's own FUSE transport (:mod:`datacache_fuse.kernel`, no libfuse) mounts (read-only,
+   ``default_permissions``, ``fsname=datacache:NS/NAME``, type ``fuse.datacache``; ``mount(2)``
+   as root, ``fusermount3`` otherwise); once the kernel's INIT is answered the bdi read-ahead is
+   widened to 1 MiB (see :mod:`datacache.mountinfo`). The handlers (:mod:`.kernel_ops`) run on
+   the session's worker threads.
+4. Serving ends when the mount goes away (``datacache unmount``: a lazy unmount ends the session
+   once the last open file is closed) or on SIGTERM/SIGINT/SIGHUP, which unmount (lazily) and
+   exit 0.
 
 A state file ``$DATACACHE_HOME/run/fuse/<hash>.json`` (pid, dataset, mount point, log file) lives
 while the daemon does, so ``unmount`` and supervisors can find the daemon. The log goes to
@@ -22,7 +23,6 @@ option values of mounts or secrets (the core redacts secrets from UFS errors).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -39,8 +39,7 @@ from datacache.mountinfo import MountState
 log = logging.getLogger("datacache_fuse")
 
 READ_AHEAD_KIB = 1024  # bdi read_ahead_kb: 1 MiB kernel read requests
-WORKERS = 32  # threads for blocking reads, per daemon
-TRANSPORTS = ("pyfuse3", "kernel")
+WORKERS = 16  # threads serving requests, per daemon
 
 
 class MountError(Exception):
@@ -149,7 +148,7 @@ def _same_file(stream, path: str) -> bool:
 # -- mounting ------------------------------------------------------------------------------------
 def mount_options(dataset: str, namespace: str, runtime_options: dict | None = None,
                   extra: Iterable[str] = ()) -> set[str]:
-    """libfuse mount options: ``ro``, ``default_permissions``, ``fsname=datacache:NS/NAME``,
+    """Mount options: ``ro``, ``default_permissions``, ``fsname=datacache:NS/NAME``,
     ``subtype=datacache``, then the runtime's ``fuse.options`` (name -> value; ``""``/``"true"``
     means a bare flag) and ``extra`` (``-o`` values, comma lists allowed). ``rw`` is ignored: the
     mount is read-only."""
@@ -161,16 +160,15 @@ def mount_options(dataset: str, namespace: str, runtime_options: dict | None = N
     opts.discard("rw")
     bad = sorted(o for o in opts if o.split("=", 1)[0] == "max_read")
     if bad:
-        raise MountError(f"mount option {bad[0]} is not supported: libfuse ends the session at INIT when "
-                         "max_read is set (the kernel's request size follows the read-ahead window, "
-                         "which the daemon sets to 1 MiB)")
+        raise MountError(f"mount option {bad[0]} is not supported: the kernel's read request size "
+                         "follows the read-ahead window, which the daemon sets to 1 MiB; drop the option")
     return opts
 
 
 def check_empty(mountpoint: str) -> None:
     """Raise :class:`MountError` when ``mountpoint`` is a directory with entries: a mount would
-    hide them (libfuse 3 no longer refuses, as ``nonempty`` did in libfuse 2). A missing path or a
-    non-directory passes (other checks name those)."""
+    hide them (the kernel does not refuse, as libfuse 2 did without ``nonempty``). A missing path
+    or a non-directory passes (other checks name those)."""
     try:
         with os.scandir(mountpoint) as it:
             if next(it, None) is None:
@@ -216,24 +214,21 @@ def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0, allow_nonemp
 def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,
           options: Iterable[str] = (), debug: bool = False, stderr: bool = True,
           read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS, allow_nonempty: bool = False,
-          no_open: bool | None = None, transport: str = "pyfuse3") -> None:
+          no_open: bool | None = None) -> None:
     """Mount ``namespace/dataset`` at ``mountpoint`` and serve it until unmounted or signalled.
 
     Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
     mount options; ``read_ahead_kib``: the bdi read-ahead (KiB, 0 leaves the kernel's default);
-    ``workers``: threads for blocking reads; ``allow_nonempty``: mount over a directory with entries;
-    ``no_open``: the kernel's no-open mode (None: when pyfuse3 supports it, see ``ops``; always
-    with the kernel transport); ``transport``: ``"pyfuse3"`` (libfuse) or ``"kernel"`` (datacache's
-    own, :mod:`datacache_fuse.kernel`, handlers in :mod:`.kernel_ops`).
+    ``workers``: threads serving requests; ``allow_nonempty``: mount over a directory
+    with entries; ``no_open``: the kernel's no-open mode (None or True; default), or False for a
+    file handle per open, with file-tier files passed through to the kernel
+    (handlers in :mod:`.kernel_ops`, transport in :mod:`datacache_fuse.kernel`).
     Raises ``datacache.errors.ResourceError`` (no such
     dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
     e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
     """
     from datacache.control.embedded import read_path
     from datacache.state import default_home
-
-    if transport not in TRANSPORTS:
-        raise MountError(f"unknown FUSE transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
 
     home = os.path.abspath(home or default_home())
     mountpoint = mountinfo.canonical(mountpoint)
@@ -249,71 +244,30 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
         fuse_spec = runtime.spec.fuse
         opts = mount_options(dataset, namespace, fuse_spec.options, options)
         prepare_mountpoint(mountpoint, allow_nonempty=allow_nonempty)
-        if transport == "kernel":
-            _serve_kernel(client, f"{namespace}/{dataset}", mountpoint, opts, home, logfile,
-                          attr_timeout=fuse_spec.attr_timeout, workers=workers, read_ahead_kib=read_ahead_kib,
-                          no_open=no_open)
-            return
-        import pyfuse3
-        import pyfuse3.asyncio
-
-        from datacache_fuse.ops import DatacacheOperations
-
-        def after_init() -> None:
-            if read_ahead_kib:
-                got = mountinfo.set_read_ahead(mountpoint, read_ahead_kib)
-                log.info("read-ahead window of %s: %s KiB", mountpoint, got)
-
-        ops = DatacacheOperations(client, attr_timeout=fuse_spec.attr_timeout, workers=workers,
-                                  on_init=after_init, no_open=no_open)
-        pyfuse3.asyncio.enable()
-        try:
-            pyfuse3.init(ops, mountpoint, opts)
-        except RuntimeError as err:
-            raise MountError(f"cannot mount at {mountpoint}: {err} (is /dev/fuse there, and fusermount3 "
-                             f"installed? see {logfile})") from None
-        state_file = state_path(home, mountpoint)
-        ours = mountinfo.mounted_at(mountpoint)  # this session's mount (its dev tells it from later ones)
-        try:
-            os.chdir("/")  # do not pin the caller's working directory
-            _write_state(state_file, {"pid": os.getpid(), "dataset": dataset, "namespace": namespace,
-                                      "mountpoint": mountpoint, "log": logfile,
-                                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-            log.info("mounted %s/%s at %s with options %s (%s)", namespace, dataset, mountpoint, ",".join(sorted(opts)),
-                     "no-open mode" if ops.no_open else "a file handle per open")
-            signalled = asyncio.run(_main_loop(workers))
-            top = mountinfo.mounted_at(mountpoint)
-            if not signalled and top is not None and ours is not None and top.dev == ours.dev:
-                raise MountError(f"the FUSE session at {mountpoint} ended while still mounted (a refused "
-                                 f"option or INIT handshake?); see {logfile}")
-        finally:
-            pyfuse3.close(unmount=True)  # a no-op when the kernel already ended the session
-            open_files = ops.open_files
-            ops.close()
-            _remove_state(state_file)
-            log.info("%s: session ended (%d files were open)", mountpoint, open_files)
+        _serve(client, namespace, dataset, mountpoint, opts, home, logfile, attr_timeout=fuse_spec.attr_timeout,
+               workers=workers, read_ahead_kib=read_ahead_kib, handles=no_open is False)
     finally:
         if client is not None:
             client.close()
         paths.close()
 
 
-def _serve_kernel(client, name: str, mountpoint: str, opts: set[str], home: str, logfile: str, *,
-                  attr_timeout: float, workers: int, read_ahead_kib: int, no_open: bool | None) -> None:
-    """:func:`serve` on the kernel transport: mount, serve until unmounted or signalled (SIGTERM,
-    SIGINT, SIGHUP unmount lazily and end the daemon), clean up. Options other than the ones the
-    transport sets itself (``ro``, ``default_permissions``, ``fsname``, ``subtype``,
-    ``allow_other``) go to the kernel as they are."""
+def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str], home: str, logfile: str, *,
+           attr_timeout: float, workers: int, read_ahead_kib: int, handles: bool) -> None:
+    """Mount, serve until unmounted or signalled (SIGTERM, SIGINT, SIGHUP unmount lazily and end
+    the daemon), clean up. Options other than the ones the transport sets itself (``ro``,
+    ``default_permissions``, ``fsname``, ``subtype``, ``allow_other``) go to the kernel as they
+    are. ``handles``: an OPEN per file, passed through when the file tier holds it."""
     from datacache_fuse.kernel.mount import FuseMountError
     from datacache_fuse.kernel.server import FuseServer
     from datacache_fuse.kernel_ops import DatasetOperations
 
     own = {"ro", "default_permissions", "allow_other"}
     extra = tuple(sorted(o for o in opts if o not in own and not o.startswith(("fsname=", "subtype="))))
-    handles = no_open is False  # --open-handles: an OPEN per file, passed through when the file tier has it
     ops = DatasetOperations(client, attr_timeout=attr_timeout, no_open=not handles, passthrough=handles)
-    server = FuseServer(ops, mountpoint, fsname=f"datacache:{name}", workers=min(workers, 16), passthrough=handles,
-                        allow_other="allow_other" in opts, options=extra, read_ahead_kib=read_ahead_kib)
+    server = FuseServer(ops, mountpoint, fsname=f"datacache:{namespace}/{dataset}", workers=workers,
+                        passthrough=handles, allow_other="allow_other" in opts, options=extra,
+                        read_ahead_kib=read_ahead_kib)
     stop = threading.Event()
     signalled: list[str] = []
 
@@ -326,15 +280,16 @@ def _serve_kernel(client, name: str, mountpoint: str, opts: set[str], home: str,
     try:
         session = server.start()
     except FuseMountError as err:
-        raise MountError(f"cannot mount at {mountpoint}: {err.strerror} (see {logfile})") from None
+        raise MountError(f"cannot mount at {mountpoint}: {err.strerror} (is /dev/fuse there, and fusermount3 "
+                         f"installed? see {logfile})") from None
     state_file = state_path(home, mountpoint)
-    ours = mountinfo.mounted_at(mountpoint)
+    ours = mountinfo.mounted_at(mountpoint)  # this session's mount (its dev tells it from later ones)
     try:
         os.chdir("/")  # do not pin the caller's working directory
-        _write_state(state_file, {"pid": os.getpid(), "dataset": name.split("/", 1)[1], "namespace": name.split("/")[0],
+        _write_state(state_file, {"pid": os.getpid(), "dataset": dataset, "namespace": namespace,
                                   "mountpoint": mountpoint, "log": logfile,
                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        log.info("mounted %s at %s with the kernel transport (FUSE 7.%d, %s, options %s)", name, mountpoint,
+        log.info("mounted %s/%s at %s (FUSE 7.%d, %s, options %s)", namespace, dataset, mountpoint,
                  session.kernel.minor, "no-open mode" if ops.no_open else
                  "a file handle per open" + (", passthrough of file-tier files" if session.passthrough else ""),
                  ",".join(extra) or "-")
@@ -355,33 +310,3 @@ def _serve_kernel(client, name: str, mountpoint: str, opts: set[str], home: str,
         log.info("%s: session ended (%d files were open); requests: %s; opens passed through: %d", mountpoint,
                  open_files, ", ".join(f"{getattr(op, 'name', op)} {n}" for op, n in counts.most_common()),
                  session.passed_through)
-
-
-async def _main_loop(workers: int) -> bool:
-    """Serve until the session ends; True when it ended because of a signal."""
-    import pyfuse3
-
-    loop = asyncio.get_running_loop()
-    signalled = []
-
-    def stop(signame: str) -> None:
-        log.info("%s received: unmounting", signame)
-        signalled.append(signame)
-        pyfuse3.terminate()
-
-    def on_error(loop, context) -> None:
-        # pyfuse3.asyncio's wait_readable leaves its fd callback armed after terminate() failed the
-        # future: the late set_result raises InvalidStateError. Harmless; keep it out of the log.
-        if isinstance(context.get("exception"), asyncio.InvalidStateError):
-            return
-        loop.default_exception_handler(context)
-
-    loop.set_exception_handler(on_error)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop, sig.name)
-    max_tasks = max(64, 2 * workers)
-    if hasattr(pyfuse3, "main_readable"):  # fuse/build_pyfuse3.py's loop (one reader callback)
-        await pyfuse3.main_readable(max_tasks=max_tasks)
-    else:  # stock pyfuse3
-        await pyfuse3.main(min_tasks=1, max_tasks=max_tasks)
-    return bool(signalled)

@@ -1,6 +1,5 @@
-"""An open file of a dataset mount, as both FUSE transports keep it (``ops`` on pyfuse3,
-``kernel_ops`` on the kernel transport): a DatasetFile, its inode, a lock serialising its reads,
-and the last read failure.
+"""An open file of a dataset mount, as the handlers (``kernel_ops``) keep it: a DatasetFile, its
+inode, a lock serialising its reads, and the last read failure.
 
 After a failed read-ahead the kernel reads the one page the caller needs at once (a smaller read
 inside it): :meth:`Handle.repeat_failure` answers it from the failure just seen, instead of
@@ -19,8 +18,8 @@ INODE_READERS = 64  # no-open mode: per-inode Readers kept (their blocks count a
 
 @dataclass
 class Handle:
-    """``file``: a ``datacache.reader.DatasetFile``; ``lock``: an ``asyncio.Lock`` (pyfuse3) or a
-    ``threading.Lock`` (kernel transport); ``failed``: ``(monotonic time, offset, size, errno)``
+    """``file``: a ``datacache.reader.DatasetFile``; ``lock``: a ``threading.Lock`` serialising
+    its reads; ``failed``: ``(monotonic time, offset, size, errno)``
     of the last failed read."""
 
     file: object

@@ -1,23 +1,57 @@
-"""The dataset's FUSE handlers on datacache's own kernel transport (:mod:`datacache_fuse.kernel`).
+"""The dataset's FUSE handlers: kernel requests translated into DatasetClient calls, nothing more.
 
-The same behaviour as :mod:`.ops` (pyfuse3), whose docstring states the rules; what differs is
-how they run:
+They run on the FUSE transport of :mod:`datacache_fuse.kernel`. A handler is a lookup in the
+manifest (``lookup``, ``getattr``, ``readdir``: cheap dict operations) or a call into the Reader
+(``read``, xattrs, ``statfs``: they touch the disk cache or the network). The layer knows nothing
+of workers, the UFS or the cache policy.
 
-- Handlers are synchronous and run on the session's worker threads, several at once: the inode
-  table and the handle tables are guarded by one lock (held for dict work only, never for I/O),
-  and reads of one handle are serialised by the handle's lock (a DatasetFile is not thread-safe).
-- Directory listings answer READDIRPLUS: each entry the kernel took counts as a lookup.
-- Manifest changes (a ``datacache sync`` noticed every ``reload_interval`` seconds by a watcher
-  thread, or a per-file refresh on ESTALE) are diffed on a thread of their own, which then sends
-  the entry invalidations (never from a handler: the kernel may hold a directory lock for it).
-- Passthrough (with handles, not in no-open mode): an OPEN of a version the file tier holds as one
-  complete local file (``DatasetClient.local_file``) names that file, and the kernel reads it
-  directly: no READ reaches the daemon for that handle. Other versions are served through READ
-  (and ``local_file`` starts copying a complete one into the file tier, for a later open).
+Rules, and why:
 
-Errors: ENOENT for missing paths, ESTALE for an inode whose version is no longer current
-(``open``; in no-open mode a ``read``, after the directory entry was invalidated), EIO only for
-real read failures, EROFS for writes.
+- **Read-only.** Every request that would change the tree or a file answers EROFS (the session
+  does, :mod:`datacache_fuse.kernel.session`); the mount is also made ``ro``, so the kernel
+  refuses most of them first.
+- **Caching by the kernel.** Entries and attributes carry ``entry_timeout``/``attr_timeout``
+  (the runtime's ``fuse.attrTimeout``, seconds): repeated ``stat``/``lookup`` do not reach the
+  daemon. An inode stands for one version of a file (see :mod:`.inodes`), so its pages never mix
+  versions and ``open`` always sets ``keep_cache``: a later epoch is served from the kernel's page
+  cache.
+- **Changes reach the kernel.** When the current manifest changes (a per-file refresh, case C5, or
+  a ``datacache sync`` by another process, noticed within ``reload_interval`` seconds by a watcher
+  thread), every directory entry the kernel may hold that the new manifest contradicts is
+  invalidated (:mod:`.changes`): paths deleted or at a new version, and names that were missing
+  (negative entries) but now exist (cases C3, C4). The diff and the invalidations run on a thread
+  of their own, never in a handler (the kernel may hold a directory lock for it). ``open`` of an
+  inode whose version is no longer current answers ESTALE, which makes the kernel look the path up
+  again and open the new inode; handles already open keep reading their version (or get ESTALE
+  once it is gone).
+- **No OPEN, no RELEASE (no-open mode, the default).** The first ``open`` answers ENOSYS: the
+  kernel then opens files without asking the daemon and keeps their page cache (fs/fuse/file.c,
+  "Default for no-open": ``FOPEN_KEEP_CACHE``), so a warm epoch over small files costs the daemon
+  nothing. Reads carry the inode and file handle 0; an inode stands for one version, so the
+  version pin of case C3 holds. A read that answers ESTALE first invalidates the file's directory
+  entry, so the caller's next ``open`` looks the path up again.
+- **Handles and passthrough (``--open-handles``).** Each ``open`` gets a handle and ``release``
+  drops it. An OPEN of a version the file tier holds as one complete local file
+  (``DatasetClient.local_file``) names that file, and the kernel reads it directly: no READ
+  reaches the daemon for that handle. Other versions are served through READ (and ``local_file``
+  starts copying a complete one into the file tier, for a later open).
+- **One Reader per handle.** A handle (per ``open``, or per inode in no-open mode, at most
+  ``INODE_READERS`` kept, least recently read idle ones dropped first; :mod:`.handles`) has its own
+  ``DatasetFile`` whose sequential detection drives read-ahead. Handlers run on the session's
+  worker threads, several at once: the inode and handle tables are guarded by one lock (held for
+  dict work only, never for I/O), and reads of one handle are serialised by the handle's lock (a
+  DatasetFile keeps a current block and is not thread-safe). Read-ahead memory is one budget for
+  the whole daemon (the block source's ``MemoryBudget``), not per handle. A read is answered with
+  a view of the block, not a copy.
+- **Directory listings** answer READDIRPLUS: each entry the kernel took counts as a lookup.
+- **Errors** (:mod:`datacache_fuse.kernel.errors`): ENOENT for missing paths, ESTALE for an inode
+  whose version is no longer current, EIO only for real read failures. A read that failed is not
+  retried against the UFS for ``RETRY_WINDOW`` seconds when the kernel asks again for the same
+  range (it retries a failed read-ahead page by page), so an outage costs the reader one round of
+  the UFS client's retries, not two.
+- **Cache state where users look** (:mod:`.shown`). ``getfattr -n user.datacache.cached FILE`` is
+  the cached fraction of the file's blocks (``"0.75"``); ``user.datacache.version`` is the pinned
+  version; ``statfs`` (``df``) reports the cache: size = capacity, used = bytes cached.
 """
 
 from __future__ import annotations
@@ -44,7 +78,7 @@ log = logging.getLogger("datacache_fuse")
 
 
 class DatasetOperations(Operations):
-    """Kernel-transport handlers over one ``datacache.dataset_client.DatasetClient``.
+    """FUSE handlers over one ``datacache.dataset_client.DatasetClient``.
 
     ``attr_timeout``: seconds the kernel may cache entries and attributes; ``reload_interval``:
     seconds between two checks for a new stored manifest (None: never); ``no_open``: answer the
@@ -310,7 +344,7 @@ class DatasetOperations(Operations):
                              daemon=True).start()
 
     def _invalidate(self, old, new) -> None:
-        """Invalidate the kernel's directory entries that ``new`` contradicts (see :mod:`.ops`)."""
+        """Invalidate the kernel's directory entries that ``new`` contradicts (see the module's docstring)."""
         try:
             names = stale_names(old, new)
         except Exception:  # noqa: BLE001 - entries then expire after attr_timeout

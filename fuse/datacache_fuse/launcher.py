@@ -34,7 +34,7 @@ log = logging.getLogger("datacache_fuse")
 
 def daemon_argv(dataset: str, mountpoint: str, *, namespace: str, home: str, options=(),
                 debug: bool = False, restart: bool = False, allow_nonempty: bool = False,
-                open_handles: bool = False, transport: str = "pyfuse3") -> list[str]:
+                open_handles: bool = False) -> list[str]:
     """The command line of a foreground daemon (or, with ``restart``, of a supervisor)."""
     argv = [sys.executable, "-m", "datacache_fuse", "mount", dataset, mountpoint,
             "--namespace", namespace, "--home", home]
@@ -46,8 +46,6 @@ def daemon_argv(dataset: str, mountpoint: str, *, namespace: str, home: str, opt
         argv.append("--allow-nonempty")
     if open_handles:
         argv.append("--open-handles")
-    if transport != "pyfuse3":
-        argv += ["--transport", transport]
     if restart:
         argv.append("--restart")
     return argv

@@ -1,5 +1,4 @@
-"""What a dataset mount shows besides file bytes, shared by both FUSE transports (``ops`` on
-pyfuse3, ``kernel_ops`` on the kernel transport).
+"""What a dataset mount shows besides file bytes (the handlers in ``kernel_ops``).
 
 - xattrs: ``user.datacache.cached`` (cached fraction of the file's blocks, ``"0.75"``),
   ``user.datacache.version`` (the pinned version), ``user.datacache.ufs_path`` (``mount:path``);

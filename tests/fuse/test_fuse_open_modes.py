@@ -1,19 +1,21 @@
-"""The two ways a file is opened: the kernel's no-open mode (pyfuse3 with datacache's read patch,
-the default) and a file handle per open (``--open-handles``, the only mode with stock pyfuse3).
+"""The two ways a file is opened: the kernel's no-open mode (the default) and a file handle per
+open (``--open-handles``), which passes file-tier files through to the kernel.
 
-Each FUSE request the daemon serves is one read(2) of /dev/fuse, so the daemon's ``syscr`` in
+Each FUSE request the daemon serves is one read of /dev/fuse, so the daemon's ``syscr`` in
 /proc/PID/io counts requests: re-opening page-cached files must cost nothing in no-open mode and
 an OPEN plus a RELEASE per file with handles. (Python's buffered ``open()`` also calls isatty(),
-an IOCTL request the kernel sends to every FUSE file system; libfuse answers it without the
-file system, and unbuffered opens do not make it.)"""
+an IOCTL request the kernel sends to every FUSE file system; unbuffered opens do not make it.)"""
 
 from __future__ import annotations
 
+import glob
 import os
+import time
 
 import pytest
 
-from fuse_support import daemon_pid, force_cleanup, mount, sha256, sha256_path, wait_until
+from datacache_fuse.daemon import read_state
+from fuse_support import BIG_SIZE, daemon_pid, force_cleanup, mount, sha256, sha256_path, wait_until
 
 
 def _read_syscalls(pid: int) -> int:
@@ -21,19 +23,16 @@ def _read_syscalls(pid: int) -> int:
         return int(dict(line.split(": ") for line in f.read().splitlines())["syscr"])
 
 
-def test_pyfuse3_is_built_with_the_read_patch():
-    import pyfuse3
-
-    assert getattr(pyfuse3, "READ_FH_ZERO_IS_INODE", False) is True, (
-        "pyfuse3 lacks datacache's read patch: run 'python fuse/build_pyfuse3.py' (make venv does)")
-    assert callable(getattr(pyfuse3, "main_readable", None)), (
-        "pyfuse3 lacks datacache's main loop: run 'python fuse/build_pyfuse3.py' (make venv does)")
+def _log(home: str, mountpoint: str) -> str:
+    with open(read_state(home, mountpoint)["log"], encoding="utf-8") as f:
+        return f.read()
 
 
-def test_more_requests_at_once_than_the_loop_runs_tasks_all_answered(fuse_env, fuse_moto, mountpoint):
-    """96 threads read 96 cold files at once (each READ waits on a GET from moto); the daemon's
-    loop runs at most 64 handler tasks and stops reading /dev/fuse until one ends. Every byte
-    comes back right, with buffered opens (an IOCTL each) mixed in, and the daemon still serves."""
+def test_more_requests_at_once_than_the_daemon_has_workers_all_answered(fuse_env, fuse_moto, mountpoint):
+    """96 threads read 96 cold files at once (each READ waits on a GET from moto); the daemon
+    serves with 16 worker threads, so most requests wait in the kernel's queue until one is free.
+    Every byte comes back right, with buffered opens (an IOCTL each) mixed in, and the daemon
+    still serves."""
     import threading
 
     import numpy as np
@@ -76,6 +75,8 @@ def test_warm_reopens_cost_the_daemon_no_request_only_in_no_open_mode(fuse_env, 
     try:
         pid = mount(fuse_env, mountpoint, *extra)
         daemon = wait_until(lambda: daemon_pid(fuse_env.home, mountpoint), 10, "the daemon's state file")
+        said = "no-open mode" if mode == "no-open" else "a file handle per open"
+        assert f", {said}," in _log(fuse_env.home, mountpoint)  # the mode the daemon says it serves in
         for rel in files:  # epoch 1: lookups, reads, page cache filled
             assert sha256_path(os.path.join(mountpoint, rel)) == fuse_env.expected[rel], rel
         rounds = 20
@@ -99,7 +100,7 @@ def test_no_open_mode_reads_many_files_at_once_past_the_kept_readers(fuse_env, f
     every byte still right, page cache dropped first so every read reaches the daemon."""
     import numpy as np
 
-    from datacache_fuse.ops import INODE_READERS
+    from datacache_fuse.handles import INODE_READERS
     from fuse_support import S3_KEY, S3_SECRET, apply_dataset
 
     rng = np.random.default_rng(11)
@@ -131,3 +132,27 @@ def test_no_open_mode_reads_many_files_at_once_past_the_kept_readers(fuse_env, f
         for fd in fds.values():
             os.close(fd)
         force_cleanup(fuse_env.home, mountpoint, pid)
+
+
+def test_open_handles_pass_file_tier_files_through(fuse_env, mountpoint):
+    """``--open-handles``: the first read of a multi-block file goes through READ and puts the
+    complete version into the file tier; a later open is answered with FOPEN_PASSTHROUGH onto
+    that file (the daemon's log counts it) and reads the same bytes."""
+    pid = mount(fuse_env, mountpoint, "--open-handles")
+    log = read_state(fuse_env.home, mountpoint)["log"]
+    path, want = os.path.join(mountpoint, "local/big.bin"), fuse_env.expected["local/big.bin"]
+    try:
+        assert "passthrough of file-tier files" in _log(fuse_env.home, mountpoint)
+        assert sha256_path(path) == want  # through READ; the version is now complete in the cache
+        tiered = lambda: [p for p in glob.glob(os.path.join(fuse_env.home, "**", "*.files", "**"), recursive=True)
+                          if os.path.isfile(p) and os.path.getsize(p) == BIG_SIZE]  # noqa: E731
+        wait_until(lambda: sha256_path(path) == want and tiered(), 30, "the file tier to hold big.bin")
+        for _ in range(3):
+            time.sleep(0.2)  # the previous handle's RELEASE arrives (an inode is not passed through
+            assert sha256_path(path) == want  # while a handle reading through the page cache is open)
+    finally:
+        force_cleanup(fuse_env.home, mountpoint, pid)
+    wait_until(lambda: "opens passed through" in open(log, encoding="utf-8").read(), 30, "the daemon's last words")
+    with open(log, encoding="utf-8") as f:
+        ended = [line for line in f if "opens passed through" in line][-1]
+    assert int(ended.rsplit(":", 1)[1]) >= 1, ended

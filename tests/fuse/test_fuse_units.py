@@ -10,7 +10,7 @@ import pytest
 from datacache.errors import StaleFileError, UFSUnavailableError
 from datacache import mountinfo
 from datacache_fuse.daemon import mount_options
-from datacache_fuse.errmap import errno_of
+from datacache_fuse.kernel.errors import errno_of
 from datacache_fuse.inodes import ROOT, InodeTable
 
 
@@ -44,7 +44,7 @@ def test_inode_table_one_inode_per_version_stable_and_bounded_by_forget():
 
 def test_stale_names_are_the_entries_the_new_manifest_contradicts():
     from datacache.manifest import FileEntry, Manifest
-    from datacache_fuse.ops import stale_names
+    from datacache_fuse.changes import stale_names
 
     def manifest(**versions):
         return Manifest.from_entries(FileEntry(p.replace("__", "/"), "m", p, 1, 0.0, v) for p, v in versions.items())

@@ -101,7 +101,6 @@ def test_sshfs_killed_is_restarted_on_next_open(sshfs_dataset):
 
 
 def test_datacache_mount_reads_a_thin_dataset(sshfs_dataset, odd_home, tmp_path):
-    pytest.importorskip("pyfuse3", reason="the FUSE mount needs the 'fuse' extra")
     plane, files, _, _ = sshfs_dataset
     assert plane.warmup("box", [])[1].ok
     mnt = str(tmp_path / "reader mnt")

@@ -1,4 +1,4 @@
-"""datacache's own FUSE transport: the kernel protocol on ``/dev/fuse``, without libfuse or pyfuse3.
+"""datacache's own FUSE transport: the kernel protocol on ``/dev/fuse``, without libfuse.
 
 Pure Python, no build step; read-only; kernel passthrough for files held in a local file.
 
