@@ -15,7 +15,7 @@ import time
 import pytest
 
 from datacache_fuse.daemon import read_state
-from fuse_support import BIG_SIZE, daemon_pid, force_cleanup, mount, sha256, sha256_path, wait_until
+from fuse_support import BIG_SIZE, cli, daemon_pid, force_cleanup, mount, sha256, sha256_path, wait_until
 
 
 def _read_syscalls(pid: int) -> int:
@@ -150,6 +150,8 @@ def test_open_handles_pass_file_tier_files_through(fuse_env, mountpoint):
         for _ in range(3):
             time.sleep(0.2)  # the previous handle's RELEASE arrives (an inode is not passed through
             assert sha256_path(path) == want  # while a handle reading through the page cache is open)
+        r = cli("unmount", mountpoint, home=fuse_env.home)  # the daemon exits and logs its counts
+        assert r.returncode == 0 and "exited" in r.stdout, r.stdout + r.stderr
     finally:
         force_cleanup(fuse_env.home, mountpoint, pid)
     wait_until(lambda: "opens passed through" in open(log, encoding="utf-8").read(), 30, "the daemon's last words")
