@@ -30,12 +30,27 @@ def split_target(target: str) -> tuple[str, str]:
     return dataset, path
 
 
+class SignalCancel(threading.Event):
+    """An Event set by the first SIGINT or SIGTERM; ``signum`` says which (0 before)."""
+
+    signum = 0
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM), as a shell reports a
+        command the signal stopped."""
+        return 128 + self.signum
+
+
 @contextlib.contextmanager
 def cancel_on_signals():
-    """An Event set by Ctrl-C (SIGINT) or SIGTERM while the block runs, so a long job can stop
-    cleanly (its status written, nothing half-stored) instead of dying mid-write."""
-    cancel = threading.Event()
-    handler = lambda *_: cancel.set()  # noqa: E731
+    """A :class:`SignalCancel` set by Ctrl-C (SIGINT) or SIGTERM while the block runs, so a long
+    job can stop cleanly (its status written, nothing half-stored) instead of dying mid-write."""
+    cancel = SignalCancel()
+
+    def handler(signum, _frame):
+        cancel.signum = cancel.signum or signum
+        cancel.set()
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield cancel
@@ -56,26 +71,33 @@ class LoadRateColumn(ProgressColumn):
 
 
 def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str = "default",
-               quiet: bool = False, check: bool = False) -> bool:
+               quiet: bool = False, check: bool = False) -> int:
     """Warm up with a live progress bar (files, bytes, rate, ETA) on stderr and a summary on
-    stdout; returns True when every target is Complete. Ctrl-C / SIGTERM cancel it: the
-    DataLoad's status says Failed (Cancelled) and a new warmup resumes where it stopped."""
+    stdout; returns the exit status: 0 when every target is Complete, 1 when one is not, 130
+    (Ctrl-C) or 143 (SIGTERM) when a signal cancelled it within about a second (phase
+    Cancelled, one summary line: a new warmup loads only the rest)."""
     plane.bound(dataset, namespace)  # a missing dataset or runtime fails before any bar is drawn
     columns = (TextColumn("[bold]warmup"), BarColumn(), TextColumn("{task.fields[files]} files"),
                DownloadColumn(binary_units=True), LoadRateColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), disable=quiet) as bar:
+    with cancel_on_signals() as cancel, Progress(*columns, console=Console(stderr=True), disable=quiet) as bar:
         task = bar.add_task("warmup", total=None, files="0/?", loaded=0)
 
         def on_progress(p):
             bar.update(task, total=p.bytes_total, completed=p.bytes_done, files=f"{p.files_done}/{p.files_total}",
                        loaded=p.bytes_loaded)
 
-        with cancel_on_signals() as cancel:
-            name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel,
-                                        check=check)
+        name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel, check=check)
     rate = result.loaded_bytes / result.duration if result.duration else 0.0
-    click.echo(f"dataload.datacache.io/{name}: {'Complete' if result.ok else 'Failed'} in {result.duration:.1f}s, "
-               f"{format_bytes(result.loaded_bytes)} loaded from the UFS ({format_bytes(rate)}/s)")
+    loaded = f"{format_bytes(result.loaded_bytes)} loaded from the UFS ({format_bytes(rate)}/s)"
+    if result.phase == "Cancelled":
+        click.echo(f"dataload.datacache.io/{name}: Cancelled after {result.duration:.1f}s: "
+                   f"{format_bytes(result.total('cached_bytes'))} of {format_bytes(result.total('bytes'))} cached "
+                   f"({result.total('cached_files')} of {result.total('files')} files complete), {loaded}; "
+                   f"the same warmup again loads only the rest")
+        for failure in (f for t in result.targets for f in t.failures):  # files that failed, not those left
+            click.echo(f"    failed: {failure}")
+        return cancel.exit_status
+    click.echo(f"dataload.datacache.io/{name}: {result.phase} in {result.duration:.1f}s, {loaded}")
     for t in result.targets:
         files = f"{t.files} file{'' if t.files == 1 else 's'}"
         click.echo(f"  {t.path}: {t.phase}: {files}, {format_bytes(t.cached_bytes)} of {format_bytes(t.bytes)} cached")
@@ -84,7 +106,8 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
     if not result.ok:
         failed = ", ".join(t.path for t in result.targets if t.phase != "Complete")
         click.echo(f"error: warmup incomplete for: {failed}", err=True)
-    return result.ok
+        return 1
+    return 0
 
 
 @click.command()
@@ -99,14 +122,14 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
 def warmup(dataset, paths, quiet, check, namespace, home):
     """Load DATASET (or PATHS inside it: files, directories, globs) into the cache.
 
-    Exits 1 when any target is missing or could not be cached completely, naming it.
+    Exits 1 when any target is missing or could not be cached completely, naming it; Ctrl-C or
+    SIGTERM stops it within a second or two (exit 130 or 143), and a new warmup resumes.
     """
     if "/" in dataset:
         name, _, path = dataset.partition("/")
         raise click.BadParameter(f"give the dataset and the paths separately: datacache warmup {name} /{path}",
                                  param_hint="DATASET")
-    if not run_warmup(Embedded(home), dataset, list(paths), namespace, quiet, check):
-        sys.exit(1)
+    sys.exit(run_warmup(Embedded(home), dataset, list(paths), namespace, quiet, check))
 
 
 @click.command()

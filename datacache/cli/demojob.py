@@ -132,7 +132,7 @@ def run_demo(n_jpeg: int = 2000, shard_bytes: int = 256 << 20, keep: bool = Fals
                 click.echo(f"    {line}")
 
             _step("datacache warmup demo")
-            if not run_warmup(plane, "demo", []):
+            if run_warmup(plane, "demo", []) != 0:
                 failures.append("warmup did not complete")
 
             _step("reading every file back through datacache:// and checking sha256")

@@ -41,7 +41,7 @@ from datacache.stack.engines import stop_runtime
 from datacache.stack.readpath import ReadPath, distributed
 from datacache.state import StateStore, default_home, now_iso
 from datacache.control.sync import sync_manifest
-from datacache.dataload import warmup
+from datacache.dataload import close_after, warmup
 from datacache.errors import DatacacheError, ResourceError
 from datacache.manifest import Manifest, ManifestDiff
 from datacache.ufs.mounts import UnionNamespace
@@ -305,7 +305,7 @@ class Embedded:
         """Run a DataLoad now; returns the ``WarmupResult``. Its status goes Executing (with live
         ``progress`` and per-target ``targets[].bytesDone``, written at most once a second) →
         Complete | Failed (C13: Complete means every target's current version is 100 % cached); ``lastSuccessfulTime`` survives failed runs.
-        ``cancel`` set (Ctrl-C, SIGTERM) stops it: loaded blocks stay, status Failed/Cancelled.
+        ``cancel`` set (Ctrl-C, SIGTERM) stops it within about a second: loaded blocks stay, phase Cancelled.
         ``check``: cached blocks are verified by checksum, not only by presence and size.
         Errors opening the dataset are raised after the status says Failed, and why."""
         meta = dataload.metadata
@@ -330,7 +330,7 @@ class Embedded:
             if on_progress is not None:
                 on_progress(p)
 
-        client = None
+        client = result = None
         try:
             ds = dataload.spec.dataset
             if dataload.spec.load_metadata and sync_first:
@@ -342,15 +342,15 @@ class Embedded:
         except BaseException as err:  # never left Executing: Failed, saying why
             reason = "Cancelled" if isinstance(err, KeyboardInterrupt) else "LoadFailed"
             self.state.set_status("DataLoad", meta.name, meta.namespace, {
-                "phase": "Failed", "lastScheduleTime": started, **kept,
+                "phase": "Cancelled" if reason == "Cancelled" else "Failed", "lastScheduleTime": started, **kept,
                 "duration": f"{time.monotonic() - t0:.1f}s",
                 "conditions": [{"type": "Complete", "status": "False", "reason": reason,
                                 "message": str(err) or type(err).__name__, "lastTransitionTime": now_iso()}]})
             raise
         finally:
             if client is not None:
-                client.close()
-        status = reconcile.dataload_status(result, started, cancelled=cancel is not None and cancel.is_set())
+                close_after(client, result)  # after the fills a cancel abandoned
+        status = reconcile.dataload_status(result, started)
         status = {**kept, **status}
         if per_worker:
             status["workers"] = per_worker

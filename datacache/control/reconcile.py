@@ -155,18 +155,20 @@ def keep_transition_times(status: dict, previous: dict) -> dict:
     return status
 
 
-def dataload_status(result, started_iso: str, cancelled: bool = False) -> dict:
-    """The DataLoad's ``status`` from a ``dataload.WarmupResult`` (``cancelled``: stopped by the
-    user; a Failed condition says so)."""
+def dataload_status(result, started_iso: str) -> dict:
+    """The DataLoad's ``status`` from a ``dataload.WarmupResult``: phase Complete, Failed, or
+    Cancelled (stopped by the user; its condition says how to resume)."""
     failed = [t.path for t in result.targets if t.phase != "Complete"]
     if result.ok:
         condition = ("True", "Complete", "every target's current version is 100% cached")
-    elif cancelled:
-        condition = ("False", "Cancelled", "cancelled: blocks loaded so far stay cached; run it again to resume")
+    elif result.cancelled:
+        condition = ("False", "Cancelled", f"cancelled: {format_bytes(result.total('cached_bytes'))} of "
+                     f"{format_bytes(result.total('bytes'))} cached, blocks loaded so far stay cached; run it again to "
+                     "load the rest")
     else:
         condition = ("False", "TargetsIncomplete", "not completely cached: " + ", ".join(failed))
     return {
-        "phase": "Complete" if result.ok else "Failed",
+        "phase": result.phase,
         "duration": f"{result.duration:.1f}s",
         "conditions": [{"type": "Complete", "status": condition[0], "reason": condition[1],
                         "message": condition[2], "lastTransitionTime": now_iso()}],
