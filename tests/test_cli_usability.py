@@ -194,7 +194,7 @@ def test_warmup_of_a_missing_dataset_draws_no_bar(datacache_home):
 def test_warmup_bar_rate_is_ufs_bytes_per_second_in_mib():
     from rich.progress import Progress
 
-    from datacache.cli.data import LoadRateColumn
+    from datacache.cli.warmupbar import LoadRateColumn
 
     clock = [100.0]
     column = LoadRateColumn()

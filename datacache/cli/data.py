@@ -1,25 +1,18 @@
-"""Data verbs: warmup, sync, ls, cat."""
+"""Data verbs: warmup, sync, ls, cat.
+
+Each command imports the control plane when it runs, not when the module loads: ``datacache
+--help`` and light commands stay fast (see ``tests/test_cli_latency.py``)."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import shutil
-import signal
 import sys
-import threading
 import time
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-from rich.text import Text
 
-from datacache.api.quantity import format_bytes
-from datacache.cli.resources import home_option, namespace_option
-from datacache.api.loader import load_resources, to_document
-from datacache.control.embedded import Embedded
-from datacache.state import StateStore, default_home
+from datacache.cli.resources import control_plane, home_option, namespace_option
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -28,86 +21,6 @@ def split_target(target: str) -> tuple[str, str]:
     if not dataset:
         raise click.BadParameter("give DATASET or DATASET/path", param_hint="TARGET")
     return dataset, path
-
-
-class SignalCancel(threading.Event):
-    """An Event set by the first SIGINT or SIGTERM; ``signum`` says which (0 before)."""
-
-    signum = 0
-
-    @property
-    def exit_status(self) -> int:
-        """128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM), as a shell reports a
-        command the signal stopped."""
-        return 128 + self.signum
-
-
-@contextlib.contextmanager
-def cancel_on_signals():
-    """A :class:`SignalCancel` set by Ctrl-C (SIGINT) or SIGTERM while the block runs, so a long
-    job can stop cleanly (its status written, nothing half-stored) instead of dying mid-write."""
-    cancel = SignalCancel()
-
-    def handler(signum, _frame):
-        cancel.signum = cancel.signum or signum
-        cancel.set()
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield cancel
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-class LoadRateColumn(ProgressColumn):
-    """The bar's rate: bytes loaded from the UFS per second since the start, in binary units
-    (``12.50MiB/s``), the same figure as the summary line (blocks already cached are skipped and
-    count in the bar's bytes, not in the rate)."""
-
-    def render(self, task) -> Text:
-        elapsed = task.elapsed or 0.0
-        rate = task.fields.get("loaded", 0) / elapsed if elapsed > 0 else 0.0
-        return Text(f"{format_bytes(rate)}/s", style="progress.data.speed")
-
-
-def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str = "default",
-               quiet: bool = False, check: bool = False) -> int:
-    """Warm up with a live progress bar (files, bytes, rate, ETA) on stderr and a summary on
-    stdout; returns the exit status: 0 when every target is Complete, 1 when one is not, 130
-    (Ctrl-C) or 143 (SIGTERM) when a signal cancelled it within about a second (phase
-    Cancelled, one summary line: a new warmup loads only the rest)."""
-    plane.bound(dataset, namespace)  # a missing dataset or runtime fails before any bar is drawn
-    columns = (TextColumn("[bold]warmup"), BarColumn(), TextColumn("{task.fields[files]} files"),
-               DownloadColumn(binary_units=True), LoadRateColumn(), TimeRemainingColumn())
-    with cancel_on_signals() as cancel, Progress(*columns, console=Console(stderr=True), disable=quiet) as bar:
-        task = bar.add_task("warmup", total=None, files="0/?", loaded=0)
-
-        def on_progress(p):
-            bar.update(task, total=p.bytes_total, completed=p.bytes_done, files=f"{p.files_done}/{p.files_total}",
-                       loaded=p.bytes_loaded)
-
-        name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel, check=check)
-    rate = result.loaded_bytes / result.duration if result.duration else 0.0
-    loaded = f"{format_bytes(result.loaded_bytes)} loaded from the UFS ({format_bytes(rate)}/s)"
-    if result.phase == "Cancelled":
-        click.echo(f"dataload.datacache.io/{name}: Cancelled after {result.duration:.1f}s: "
-                   f"{format_bytes(result.total('cached_bytes'))} of {format_bytes(result.total('bytes'))} cached "
-                   f"({result.total('cached_files')} of {result.total('files')} files complete), {loaded}; "
-                   f"the same warmup again loads only the rest")
-        for failure in (f for t in result.targets for f in t.failures):  # files that failed, not those left
-            click.echo(f"    failed: {failure}")
-        return cancel.exit_status
-    click.echo(f"dataload.datacache.io/{name}: {result.phase} in {result.duration:.1f}s, {loaded}")
-    for t in result.targets:
-        files = f"{t.files} file{'' if t.files == 1 else 's'}"
-        click.echo(f"  {t.path}: {t.phase}: {files}, {format_bytes(t.cached_bytes)} of {format_bytes(t.bytes)} cached")
-        for failure in t.failures:
-            click.echo(f"    failed: {failure}")
-    if not result.ok:
-        failed = ", ".join(t.path for t in result.targets if t.phase != "Complete")
-        click.echo(f"error: warmup incomplete for: {failed}", err=True)
-        return 1
-    return 0
 
 
 @click.command()
@@ -129,7 +42,9 @@ def warmup(dataset, paths, quiet, check, namespace, home):
         name, _, path = dataset.partition("/")
         raise click.BadParameter(f"give the dataset and the paths separately: datacache warmup {name} /{path}",
                                  param_hint="DATASET")
-    sys.exit(run_warmup(Embedded(home), dataset, list(paths), namespace, quiet, check))
+    from datacache.cli.warmupbar import run_warmup
+
+    sys.exit(run_warmup(control_plane(home), dataset, list(paths), namespace, quiet, check))
 
 
 @click.command()
@@ -145,10 +60,13 @@ def warmup(dataset, paths, quiet, check, namespace, home):
 @home_option
 def sync(dataset, files, report_status, namespace, home):
     """Re-list DATASET's mounts: a new manifest; changed files get new versions."""
+    from datacache.api.loader import load_resources
+    from datacache.state import default_home
+
     kube = _kube_client() if report_status == "kubernetes" else None  # no API access: fail before any work
     if files:
         _store_without_sync(home or default_home(), [res for f in files for res in load_resources(f)])
-    plane = Embedded(home)
+    plane = control_plane(home)
     diff = plane.sync(dataset, namespace, on_progress=_sync_progress(dataset))
     added, changed, deleted = diff.counts  # true counts: a huge diff keeps only its first paths in memory
     refreshed = len(diff.refreshed)
@@ -177,6 +95,9 @@ def _store_without_sync(home: str, resources: list) -> None:
     """Store ``resources`` (models) in the state under ``home`` as they are, without the sync that
     ``apply`` runs for a new Dataset: the operator's sync Job starts from a fresh home each time,
     and its one sync must diff the manifest kept on its claim, not one made a moment earlier."""
+    from datacache.api.loader import to_document
+    from datacache.state import StateStore
+
     state = StateStore(home)
     try:
         for res in resources:
@@ -209,7 +130,7 @@ def _sync_progress(dataset: str, every_s: float = 2.0):
 def ls_(target, long, namespace, home):
     """List a directory of a dataset: DATASET[/path]."""
     dataset, path = split_target(target)
-    client = Embedded(home).open_dataset(dataset, namespace)
+    client = control_plane(home).open_dataset(dataset, namespace)
     try:
         entry = client.stat(path)
         children = {path.rsplit("/", 1)[-1]: entry} if entry is not None else client.listdir(path)
@@ -234,7 +155,7 @@ def cat(target, namespace, home):
     if not path.strip("/"):
         raise IsADirectoryError(errno.EISDIR, "is a directory (the dataset's root): give DATASET/path of a file",
                                 target)
-    client = Embedded(home).open_dataset(dataset, namespace)
+    client = control_plane(home).open_dataset(dataset, namespace)
     try:  # a closed pipe (`| head`) ends it quietly: see datacache.cli._Group
         with client.open(path) as f:
             shutil.copyfileobj(f, sys.stdout.buffer, 4 << 20)

@@ -33,7 +33,7 @@ from PIL import Image
 
 from datacache.api.loader import load_resources
 from datacache.api.quantity import format_bytes
-from datacache.cli.data import run_warmup
+from datacache.cli.warmupbar import run_warmup
 from datacache.cli.tables import table
 from datacache.control.embedded import Embedded
 from datacache.demo.data import build_demo_dataset

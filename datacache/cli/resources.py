@@ -6,12 +6,6 @@ import json
 import sys
 
 import click
-import yaml
-
-from datacache.api.loader import load_resources
-from datacache.cli.tables import table
-from datacache.control.dataloads import next_schedule_iso
-from datacache.control.embedded import ApplyError, Embedded
 
 KIND_NAMES = {
     "dataset": "Dataset", "datasets": "Dataset", "ds": "Dataset",
@@ -28,13 +22,24 @@ home_option = click.option("--home", envvar="DATACACHE_HOME", default=None,
                            help="State directory (default $DATACACHE_HOME or ~/.local/share/datacache).")
 
 
+def control_plane(home: str | None):
+    """The embedded control plane over ``home`` (``datacache.control.embedded.Embedded``),
+    imported here when a command runs: ``datacache --help`` does not load it."""
+    from datacache.control.embedded import Embedded
+
+    return Embedded(home)
+
+
 @click.command()
 @click.option("-f", "--filename", "files", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="Resource YAML (several documents allowed); repeat for more files.")
 @home_option
 def apply(files, home):
     """Create or update resources from YAML files (Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, DataLoad)."""
-    plane = Embedded(home)  # first: it registers the URL schemes of stored ThinRuntimeProfiles
+    from datacache.api.loader import load_resources
+    from datacache.control.embedded import ApplyError
+
+    plane = control_plane(home)  # first: it registers the URL schemes of stored ThinRuntimeProfiles
     docs = [res for f in files for res in load_resources(f)]  # any invalid document: nothing is stored
     try:
         lines = plane.apply(docs)
@@ -56,8 +61,12 @@ def apply(files, home):
 @home_option
 def get(kind, name, output, namespace, home):
     """List resources with their status (KIND: datasets, runtimes, thinruntimes, dataloads, ...)."""
+    import yaml
+
+    from datacache.cli.tables import table
+
     kind, namespace = _kind_ns(kind, namespace)
-    plane = Embedded(home)
+    plane = control_plane(home)
     if name:
         plane.get(kind, name, namespace)
     docs = [d for d in plane.list(kind, namespace) if not name or d["metadata"]["name"] == name]
@@ -78,8 +87,12 @@ def get(kind, name, output, namespace, home):
 @home_option
 def describe(kind, name, namespace, home):
     """Show one resource in full: spec and status."""
+    import yaml
+
+    from datacache.control.dataloads import next_schedule_iso
+
     kind, namespace = _kind_ns(kind, namespace)
-    plane = Embedded(home)
+    plane = control_plane(home)
     plane.get(kind, name, namespace)
     plane.refresh_status(kind, name, namespace)
     doc = plane.state.get(kind, name, namespace)
@@ -99,7 +112,7 @@ def delete(kind, name, force, namespace, home):
     """Delete a resource. A Dataset's cached blocks (on every worker), manifests, hit counters and
     DataLoads go with it; a mounted Dataset is refused unless --force."""
     kind, namespace = _kind_ns(kind, namespace)
-    click.echo(Embedded(home).delete(kind, name, namespace, force=force))
+    click.echo(control_plane(home).delete(kind, name, namespace, force=force))
 
 
 def _kind_ns(kind: str, namespace: str) -> tuple[str, str]:

@@ -30,7 +30,7 @@ from datacache.cache.disk import DiskTier
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.client import DatasetClient
-from datacache.cluster import auth, membership, source as cluster_source
+from datacache.cluster import auth, membership
 from datacache.cluster.status import observe_workers
 from datacache.cluster import workerset
 from datacache.control import dataloads, observe, reconcile, supervisor
@@ -42,7 +42,7 @@ from datacache.stack.readpath import ReadPath, distributed
 from datacache.state import StateStore, default_home, now_iso
 from datacache.control.sync import sync_manifest
 from datacache.dataload import close_after, warmup
-from datacache.errors import DatacacheError, ResourceError
+from datacache.errors import DatacacheError, ResourceError, describe_error
 from datacache.manifest import Manifest, ManifestDiff
 from datacache.ufs.mounts import UnionNamespace
 
@@ -212,6 +212,8 @@ class Embedded:
         cache directory of ``runtime`` on disk: in-process, and each ``worker-<i>``."""
         if distributed(runtime):
             try:
+                from datacache.cluster import source as cluster_source  # aiohttp: only for workers
+
                 source = cluster_source.connect(self.home, runtime, None, self.paths.budget)
             except ResourceError:
                 source = None  # never started: no worker token, nothing live
@@ -530,13 +532,6 @@ class _Stored(DatacacheError):
     def __init__(self, verb: str):
         super().__init__(verb)
         self.verb = verb
-
-
-def describe_error(err: BaseException) -> str:
-    """One line for an expected error: an ``OSError``'s file and reason, else its text."""
-    if isinstance(err, OSError) and err.strerror:
-        return f"{err.filename + ': ' if err.filename else ''}{err.strerror}"
-    return str(err)
 
 
 def _same_spec(old: dict, new: dict) -> bool:
