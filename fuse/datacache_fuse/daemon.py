@@ -201,14 +201,39 @@ def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0, allow_nonemp
     elif state is MountState.HUNG:
         raise MountError(f"{mountpoint}: a FUSE mount there does not answer; run "
                          f"'datacache unmount {mountpoint}' (lazy) and retry")
-    try:
-        os.makedirs(mountpoint, exist_ok=True)
-    except FileExistsError:
-        raise MountError(f"{mountpoint} exists and is not a directory") from None
-    if not os.path.isdir(mountpoint):
-        raise MountError(f"{mountpoint} is not a directory")
+    make_mountpoint(mountpoint)
     if not allow_nonempty:
         check_empty(mountpoint)
+
+
+def make_mountpoint(mountpoint: str) -> None:
+    """Create ``mountpoint`` (with its parents) unless it is a directory already.
+    Raises :class:`MountError` in one line naming the path in the way and the fix: a path under
+    a regular file, a directory that cannot be made (``/proc``, read-only, no permission)."""
+    try:
+        os.makedirs(mountpoint, exist_ok=True)
+    except OSError as err:
+        blocker = _first_non_directory(mountpoint)
+        if blocker == mountpoint:
+            raise MountError(f"{mountpoint} exists and is not a directory: give an empty directory as the "
+                             "mount point (or a path to create)") from None
+        if blocker is not None:
+            raise MountError(f"cannot create mount point {mountpoint}: {blocker} is a file, not a directory; "
+                             "give a path under a directory (e.g. /mnt/NAME)") from None
+        where = f": {err.filename}" if err.filename and err.filename != mountpoint else ""
+        raise MountError(f"cannot create mount point {mountpoint}: {err.strerror or err}{where}; give a path "
+                         "under a directory you can write to (e.g. /mnt/NAME), or create it first") from None
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"{mountpoint} is not a directory")
+
+
+def _first_non_directory(path: str) -> str | None:
+    """The nearest of ``path`` and its ancestors that exists and is not a directory, if any."""
+    while path and path != os.path.dirname(path):
+        if os.path.lexists(path):
+            return None if os.path.isdir(path) else path
+        path = os.path.dirname(path)
+    return None
 
 
 def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,

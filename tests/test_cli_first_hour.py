@@ -1,0 +1,71 @@
+"""What a new user met in the first hour (issue 19), each through the real ``datacache`` command
+(a subprocess): its output, exit status and the status fields it prints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import dataset_yaml
+
+LEVELS = [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi"}]
+
+
+def dc(*args, home, check=False):
+    proc = subprocess.run([sys.executable, "-m", "datacache", *args], capture_output=True, timeout=120,
+                          env={**os.environ, "DATACACHE_HOME": str(home)})
+    if check:
+        assert proc.returncode == 0, proc.stderr.decode()
+    return proc
+
+
+def local_dataset(tmp_path, home, name: str, files: dict[str, bytes], block_size: str = "64Ki") -> str:
+    """Apply Dataset + CacheRuntime ``name`` over a local directory holding ``files``; returns
+    the source directory."""
+    src = tmp_path / f"{name}-src"
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(dataset_yaml(name, [{"name": "local", "mountPoint": str(src)}], LEVELS, block_size=block_size))
+    dc("apply", "-f", str(path), home=home, check=True)
+    return str(src)
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+# 19.5 -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("background", [True, False], ids=["background", "foreground"])
+def test_a_mount_point_that_cannot_be_made_is_one_line_naming_path_and_fix(background, datacache_home, tmp_path):
+    pytest.importorskip("datacache_fuse", reason="datacache mount needs the 'fuse' extra")
+    src = local_dataset(tmp_path, datacache_home, "photos", {"train.parquet": b"x" * 100})
+    under_file = f"{src}/train.parquet/sub"
+    cases = {
+        under_file: f"error: cannot create mount point {under_file}: {src}/train.parquet is a file, not a "
+                    "directory; give a path under a directory (e.g. /mnt/NAME)\n",
+        "/proc/nonexist/x": "error: cannot create mount point /proc/nonexist/x: No such file or directory: "
+                            "/proc/nonexist; give a path under a directory you can write to (e.g. /mnt/NAME), or "
+                            "create it first\n",
+        f"{src}/train.parquet": f"error: {src}/train.parquet exists and is not a directory: give an empty "
+                                "directory as the mount point (or a path to create)\n",
+    }
+    for mountpoint, expected in cases.items():
+        proc = dc("mount", "photos", mountpoint, *(["--background"] if background else []), home=datacache_home)
+        assert (proc.returncode, proc.stderr.decode(), proc.stdout) == (1, expected, b""), mountpoint
+        assert _processes_naming(mountpoint) == []  # no daemon left behind
+        with open("/proc/mounts") as f:
+            assert mountpoint not in f.read()
+    assert not os.path.exists("/proc/nonexist")
