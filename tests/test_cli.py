@@ -107,12 +107,12 @@ def test_status_numbers_equal_what_is_cached(named_dataset, datacache_home):
     assert status["fileNum"] == len(named_dataset)
     assert status["ufsTotal"] == format_bytes(total)
     assert status["cacheStates"]["cached"] == format_bytes(local)
-    assert status["cacheStates"]["cachedPercentage"] == f"{100 * local / total:.1f}%"
+    assert status["cacheStates"]["cachedPercentage"] == f"{1000 * local // total / 10:.1f}%"
     table = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()
     assert table[0].split() == ["NAME", "UFS", "TOTAL", "SIZE", "CACHED", "CACHE", "CAPACITY", "CACHED",
                                 "PERCENTAGE", "PHASE", "AGE"]
     assert table[1].split()[:6] == ["names", format_bytes(total), format_bytes(local), "256.00MiB",
-                                    f"{100 * local / total:.1f}%", "Bound"]
+                                    f"{1000 * local // total / 10:.1f}%", "Bound"]
 
 
 def test_bad_yaml_is_one_located_line_without_traceback(datacache_home, tmp_path):

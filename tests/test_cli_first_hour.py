@@ -69,3 +69,28 @@ def test_a_mount_point_that_cannot_be_made_is_one_line_naming_path_and_fix(backg
         with open("/proc/mounts") as f:
             assert mountpoint not in f.read()
     assert not os.path.exists("/proc/nonexist")
+
+
+# 19.6 -------------------------------------------------------------------------------------------
+def test_cached_percentage_rounds_down_and_is_100_only_when_all_is_cached(datacache_home, tmp_path):
+    from datacache.control.embedded import Embedded
+
+    a, b = os.urandom((64 << 10) + 1), b"0123456789"  # a.bin: a full block and one byte
+    local_dataset(tmp_path, datacache_home, "photos", {"a.bin": a, "b.bin": b})
+    dc("warmup", "-q", "photos", "/a.bin", home=datacache_home, check=True)
+    # 65537 of 65547 bytes: 99.98 %, which one-decimal rounding showed as 100.0%
+    row = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()[1].split()
+    assert row[1:6] == ["64.01KiB", "64.00KiB", "64.00MiB", "99.9%", "Bound"]
+    assert dc("ls", "-l", "photos", home=datacache_home, check=True).stdout.decode().splitlines() == [
+        f"{len(a):>12}   100.0%  a.bin", f"{len(b):>12}     0.0%  b.bin"]
+
+    client = Embedded(str(datacache_home)).open_dataset("photos")  # drop a.bin's one-byte block
+    try:
+        assert client.source.store.delete_prefix(str(client.source.key(client.stat("a.bin"), 1))) == 1
+    finally:
+        client.close()
+    assert dc("ls", "-l", "photos/a.bin", home=datacache_home, check=True).stdout.decode() == \
+        f"{len(a):>12}    99.9%  a.bin\n"  # 65536 of 65537 bytes
+    dc("warmup", "-q", "photos", home=datacache_home, check=True)
+    row = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()[1].split()
+    assert row[1:6] == ["64.01KiB", "64.01KiB", "64.00MiB", "100.0%", "Bound"]

@@ -124,11 +124,13 @@ def _sync_progress(dataset: str, every_s: float = 2.0):
 
 @click.command(name="ls")
 @click.argument("target")
-@click.option("-l", "long", is_flag=True, help="Sizes (bytes) and cached fractions.")
+@click.option("-l", "long", is_flag=True, help="Sizes (bytes) and cached percentages (of bytes, rounded down).")
 @namespace_option
 @home_option
 def ls_(target, long, namespace, home):
     """List a directory of a dataset: DATASET[/path]."""
+    from datacache.control.reconcile import percentage
+
     dataset, path = split_target(target)
     client = control_plane(home).open_dataset(dataset, namespace)
     try:
@@ -140,7 +142,8 @@ def ls_(target, long, namespace, home):
             elif e is None:
                 click.echo(f"{'dir':>12}  {'':>7}  {name}/")
             else:
-                click.echo(f"{e.size:>12}  {100 * client.cached_fraction(e):6.1f}%  {name}")
+                cached = percentage(client.cached_bytes([e]), e.size) if e.size else "100.0%"
+                click.echo(f"{e.size:>12}  {cached:>7}  {name}")
     finally:
         client.close()
 

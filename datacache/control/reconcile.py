@@ -37,9 +37,14 @@ class DatasetObservation:
 
 
 def percentage(part: int, whole: int) -> str:
-    """Fluid's percentage text: one decimal and a percent sign; ``0.0%`` when ``whole`` is 0 (an
-    empty dataset has nothing cached, and no reads have no hits)."""
-    return "0.0%" if whole <= 0 else f"{100.0 * part / whole:.1f}%"
+    """Fluid's percentage text: one decimal and a percent sign, rounded down (so ``100.0%`` means
+    all of it: 488.28 KiB of 488.29 KiB is ``99.9%``, and a job gated on 100 % waits for the last
+    byte); ``0.0%`` when ``whole`` is 0 (an empty dataset has nothing cached, and no reads have no
+    hits). ``part`` and ``whole`` are integers (bytes, counts): exact, no float rounding."""
+    if whole <= 0:
+        return "0.0%"
+    tenths = 1000 * part // whole
+    return f"{tenths // 10}.{tenths % 10}%"
 
 
 def dataset_status(obs: DatasetObservation) -> dict:
