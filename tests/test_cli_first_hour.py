@@ -94,3 +94,21 @@ def test_cached_percentage_rounds_down_and_is_100_only_when_all_is_cached(dataca
     dc("warmup", "-q", "photos", home=datacache_home, check=True)
     row = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()[1].split()
     assert row[1:6] == ["64.01KiB", "64.01KiB", "64.00MiB", "100.0%", "Bound"]
+
+
+# 19.8 -------------------------------------------------------------------------------------------
+def test_a_failed_dataset_shows_its_runtimes_capacity_and_an_unbound_one_none(datacache_home, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text(dataset_yaml("broken", [{"name": "local", "mountPoint": str(tmp_path / "missing")}], LEVELS))
+    assert dc("apply", "-f", str(path), home=datacache_home).returncode == 1  # its first sync fails
+    alone = tmp_path / "alone.yaml"  # a Dataset without a runtime
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "alone" / "x").write_bytes(b"x" * 1000)
+    alone.write_text(dataset_yaml("alone", [{"name": "local", "mountPoint": str(tmp_path / "alone")}],
+                                  LEVELS).split("---")[0])
+    dc("apply", "-f", str(alone), home=datacache_home, check=True)
+    rows = [r.split() for r in dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()]
+    assert rows[0][:8] == ["NAME", "UFS", "TOTAL", "SIZE", "CACHED", "CACHE", "CAPACITY", "CACHED"]
+    by_name = {r[0]: r for r in rows[1:]}
+    assert by_name["broken"][1:6] == ["0B", "-", "64.00MiB", "-", "Failed"]
+    assert by_name["alone"][1:6] == ["1000B", "0B", "-", "0.0%", "NotBound"]

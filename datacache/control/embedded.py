@@ -417,7 +417,7 @@ class Embedded:
                      updating=syncmark.is_running(directory), sync_error=syncmark.last_failure(directory),
                      file_num=manifest.file_num if manifest else 0,
                      ufs_total=manifest.total_size if manifest else 0)
-        if runtime is None or manifest is None:
+        if runtime is None:
             return reconcile.DatasetObservation(**known), None
         name = ds.metadata.name
         held: set[str] = set()
@@ -425,13 +425,16 @@ class Embedded:
         try:
             for store in self._stores(runtime):
                 try:
-                    held.update(observe.store_keys(store))
-                    stored += observe.stored_bytes(store, f"{name}/")
+                    if manifest is not None:
+                        held.update(observe.store_keys(store))
+                        stored += observe.stored_bytes(store, f"{name}/")
                     capacity += store.capacity
                 finally:
                     store.close()
         except OSError as err:  # a cache directory that cannot be opened
             return reconcile.DatasetObservation(**known, error=f"cache unreadable: {err}"), None
+        if manifest is None:  # never synced (or its first sync failed): the runtime's capacity still shows
+            return reconcile.DatasetObservation(**known, capacity=capacity), None
         stats = self._stats(runtime)
         try:
             hits, misses = stats.get(name)

@@ -72,7 +72,7 @@ def dataset_status(obs: DatasetObservation) -> dict:
         "fileNum": obs.file_num,
         "cacheStates": {
             "cached": format_bytes(obs.cached) if synced else "-",
-            "cacheCapacity": format_bytes(obs.capacity),
+            "cacheCapacity": format_bytes(obs.capacity) if obs.bound else "-",  # no runtime: no cache
             # Unknown before the first sync: '-' rather than a number nobody measured.
             "cachedPercentage": percentage(obs.cached, obs.ufs_total) if synced else "-",
             "cacheHitRatio": hit_ratio,
