@@ -148,6 +148,8 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
     for counters, mine in zip(progress.targets, per_target):
         for e in mine:
             owners.setdefault(e.path, []).append(counters)
+    if on_progress is not None:  # the totals are known: a bar can start here
+        on_progress(progress)
     ufs_before = client.source.ufs_bytes
     file_errors, in_flight = _load(client, list(selected.values()), owners, parallel, segment_bytes, progress,
                                    on_progress, cancel, check)

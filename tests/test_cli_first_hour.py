@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -14,9 +15,9 @@ from support import dataset_yaml
 LEVELS = [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi"}]
 
 
-def dc(*args, home, check=False):
+def dc(*args, home, check=False, env=None):
     proc = subprocess.run([sys.executable, "-m", "datacache", *args], capture_output=True, timeout=120,
-                          env={**os.environ, "DATACACHE_HOME": str(home)})
+                          env={**os.environ, "DATACACHE_HOME": str(home), **(env or {})})
     if check:
         assert proc.returncode == 0, proc.stderr.decode()
     return proc
@@ -112,3 +113,28 @@ def test_a_failed_dataset_shows_its_runtimes_capacity_and_an_unbound_one_none(da
     by_name = {r[0]: r for r in rows[1:]}
     assert by_name["broken"][1:6] == ["0B", "-", "64.00MiB", "-", "Failed"]
     assert by_name["alone"][1:6] == ["1000B", "0B", "-", "0.0%", "NotBound"]
+
+
+# 19.9, 19.10 ------------------------------------------------------------------------------------
+TTY = {"TTY_COMPATIBLE": "1", "COLUMNS": "150"}  # rich draws the bar as on a terminal
+
+
+def test_warmup_bar_rate_is_the_summarys_rate(datacache_home, tmp_path):
+    local_dataset(tmp_path, datacache_home, "photos", {f"{i}.bin": os.urandom(300_000) for i in range(8)})
+    proc = dc("warmup", "photos", home=datacache_home, env=TTY, check=True)
+    # The bar used to count from before the dataset was opened: 3.90 MiB/s against 62.75 MiB/s.
+    [summary_rate] = re.findall(r"loaded from the UFS \(([^)]*)\)", proc.stdout.decode())
+    bar_rates = re.findall(r"([0-9.]+[KMGT]?i?B/s)", proc.stderr.decode())
+    assert bar_rates and bar_rates[-1] == summary_rate, (bar_rates, proc.stdout.decode())
+    assert "2.29MiB of 2.29MiB cached" in proc.stdout.decode()
+
+
+def test_warmup_of_a_failed_dataset_says_why_before_any_bar(datacache_home, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text(dataset_yaml("broken", [{"name": "local", "mountPoint": str(tmp_path / "missing")}], LEVELS))
+    assert dc("apply", "-f", str(path), home=datacache_home).returncode == 1  # its first sync fails: Failed
+    proc = dc("warmup", "broken", home=datacache_home, env=TTY)
+    assert (proc.returncode, proc.stdout) == (1, b"")
+    assert proc.stderr.decode() == (  # no `0/? files` bar before it
+        f"error: dataset 'broken': spec.mounts[0] ('local'): mountPoint '{tmp_path / 'missing'}' does not exist in "
+        "the UFS: fix the mountPoint or create it\n")

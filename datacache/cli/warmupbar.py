@@ -13,13 +13,16 @@ from datacache.control.embedded import Embedded
 
 
 class LoadRateColumn(ProgressColumn):
-    """The bar's rate: bytes loaded from the UFS per second since the start, in binary units
-    (``12.50MiB/s``), the same figure as the summary line (blocks already cached are skipped and
-    count in the bar's bytes, not in the rate)."""
+    """The bar's rate: bytes loaded from the UFS per second since the load started (the bar
+    appears then, not while the dataset is opened), in binary units (``12.50MiB/s``); its last
+    frame shows the summary line's figure (field ``rate``). Blocks already cached are skipped and
+    count in the bar's bytes, not in the rate."""
 
     def render(self, task) -> Text:
-        elapsed = task.elapsed or 0.0
-        rate = task.fields.get("loaded", 0) / elapsed if elapsed > 0 else 0.0
+        rate = task.fields.get("rate")  # set once the load is over: the summary's own figure
+        if rate is None:
+            elapsed = task.elapsed or 0.0
+            rate = task.fields.get("loaded", 0) / elapsed if elapsed > 0 else 0.0
         return Text(f"{format_bytes(rate)}/s", style="progress.data.speed")
 
 
@@ -32,14 +35,26 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
     plane.bound(dataset, namespace)  # a missing dataset or runtime fails before any bar is drawn
     columns = (TextColumn("[bold]warmup"), BarColumn(), TextColumn("{task.fields[files]} files"),
                DownloadColumn(binary_units=True), LoadRateColumn(), TimeRemainingColumn())
-    with cancel_on_signals() as cancel, Progress(*columns, console=Console(stderr=True), disable=quiet) as bar:
-        task = bar.add_task("warmup", total=None, files="0/?", loaded=0)
+    bar = Progress(*columns, console=Console(stderr=True), disable=quiet)
+    task = None
 
-        def on_progress(p):
-            bar.update(task, total=p.bytes_total, completed=p.bytes_done, files=f"{p.files_done}/{p.files_total}",
-                       loaded=p.bytes_loaded)
+    def on_progress(p):
+        nonlocal task
+        if task is None:  # the load has started: opening the dataset (a sync, say) went well
+            bar.start()
+            task = bar.add_task("warmup", total=None, files="0/?", loaded=0)
+        bar.update(task, total=p.bytes_total, completed=p.bytes_done, files=f"{p.files_done}/{p.files_total}",
+                   loaded=p.bytes_loaded)
 
-        name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel, check=check)
+    try:
+        with cancel_on_signals() as cancel:
+            name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel,
+                                        check=check)
+        if task is not None:  # the last frame shows the summary's rate, over the same duration
+            bar.update(task, rate=result.loaded_bytes / result.duration if result.duration else 0.0)
+    finally:
+        if task is not None:
+            bar.stop()
     rate = result.loaded_bytes / result.duration if result.duration else 0.0
     loaded = f"{format_bytes(result.loaded_bytes)} loaded from the UFS ({format_bytes(rate)}/s)"
     if result.phase == "Cancelled":
