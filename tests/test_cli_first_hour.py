@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 
@@ -138,3 +140,36 @@ def test_warmup_of_a_failed_dataset_says_why_before_any_bar(datacache_home, tmp_
     assert proc.stderr.decode() == (  # no `0/? files` bar before it
         f"error: dataset 'broken': spec.mounts[0] ('local'): mountPoint '{tmp_path / 'missing'}' does not exist in "
         "the UFS: fix the mountPoint or create it\n")
+
+
+# 19.12 ------------------------------------------------------------------------------------------
+def test_a_foreground_mount_says_where_it_is_and_how_to_stop_once_it_answers(datacache_home, tmp_path):
+    pytest.importorskip("datacache_fuse", reason="datacache mount needs the 'fuse' extra")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fuse"))
+    from fuse_support import HAVE_FUSE, SKIP_REASON, force_cleanup, is_listed
+
+    if not HAVE_FUSE:
+        pytest.skip(SKIP_REASON)
+    data = os.urandom(100_000)
+    local_dataset(tmp_path, datacache_home, "photos", {"train/a.jpg": data})
+    mountpoint = str(tmp_path / "mnt")
+    proc = subprocess.Popen([sys.executable, "-m", "datacache", "mount", "photos", mountpoint],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "DATACACHE_HOME": str(datacache_home)})
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "the foreground mount printed nothing within 60 s"
+        line = proc.stdout.readline().decode()
+        assert re.fullmatch(rf"mounted default/photos at {re.escape(mountpoint)} \(read-only, (no-open mode|a "
+                            r"file handle per open), cache SSD 64\.00MiB\), Ctrl-C to unmount\n", line), line
+        assert os.listdir(mountpoint) == ["train"]  # it answers as soon as it says so
+        with open(os.path.join(mountpoint, "train", "a.jpg"), "rb") as f:
+            assert f.read() == data
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0 and proc.stdout.read() == b""
+        assert not is_listed(mountpoint)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        force_cleanup(str(datacache_home), mountpoint)

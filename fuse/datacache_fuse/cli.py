@@ -108,7 +108,7 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
             raise SystemExit(supervise(argv, mountpoint))
         else:
             serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None)
+                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None, announce=click.echo)
     except _user_errors() as err:
         raise _UserError(str(err)) from None
 

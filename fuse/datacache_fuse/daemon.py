@@ -30,9 +30,10 @@ import os
 import signal
 import sys
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 from datacache import mountinfo
+from datacache.api.quantity import format_bytes
 from datacache.mountinfo import MountState
 
 log = logging.getLogger("datacache_fuse")
@@ -239,13 +240,15 @@ def _first_non_directory(path: str) -> str | None:
 def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,
           options: Iterable[str] = (), debug: bool = False, stderr: bool = True,
           read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS, allow_nonempty: bool = False,
-          no_open: bool | None = None) -> None:
+          no_open: bool | None = None, announce: Callable[[str], None] | None = None) -> None:
     """Mount ``namespace/dataset`` at ``mountpoint`` and serve it until unmounted or signalled.
 
     Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
     mount options; ``read_ahead_kib``: the bdi read-ahead (KiB, 0 leaves the kernel's default);
     ``workers``: threads for blocking reads; ``allow_nonempty``: mount over a directory with entries;
-    ``no_open``: the kernel's no-open mode (None: when pyfuse3 supports it, see ``ops``).
+    ``no_open``: the kernel's no-open mode (None: when pyfuse3 supports it, see ``ops``);
+    ``announce``: called once the kernel's INIT came (the mount answers) with one line for the
+    user, ``mounted NS/DATASET at PATH (mode, cache levels), Ctrl-C to unmount``.
     Raises ``datacache.errors.ResourceError`` (no such
     dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
     e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
@@ -276,6 +279,12 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
             if read_ahead_kib:
                 got = mountinfo.set_read_ahead(mountpoint, read_ahead_kib)
                 log.info("read-ahead window of %s: %s KiB", mountpoint, got)
+            if announce is not None:
+                mode = "no-open mode" if ops.no_open else "a file handle per open"
+                cache = " + ".join(f"{level.mediumtype} {format_bytes(level.quota_bytes)}"
+                                   for level in runtime.spec.tieredstore.ordered_levels)
+                announce(f"mounted {namespace}/{dataset} at {mountpoint} (read-only, {mode}, cache {cache}), "
+                         "Ctrl-C to unmount")
 
         ops = DatacacheOperations(client, attr_timeout=fuse_spec.attr_timeout, workers=workers,
                                   on_init=after_init, no_open=no_open)
