@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from support import dataset_yaml
+from support import dataset_yaml, s3_mount
 
 LEVELS = [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi"}]
 
@@ -173,3 +173,19 @@ def test_a_foreground_mount_says_where_it_is_and_how_to_stop_once_it_answers(dat
             proc.kill()
         proc.wait()
         force_cleanup(str(datacache_home), mountpoint)
+
+
+# 19.15 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key", ["data", ""], ids=["prefix", "bucket"])
+def test_a_missing_bucket_is_named_as_written_with_its_scheme(key, datacache_home, tmp_path, moto_server,
+                                                              moto_secrets):
+    url = f"s3://no-such-bucket/{key}".rstrip("/")
+    path = tmp_path / "nb.yaml"
+    path.write_text(dataset_yaml("nb", [s3_mount(moto_server, "no-such-bucket", key)], LEVELS))
+    message = (f"dataset 'nb': spec.mounts[0] ('s3'): mountPoint '{url}' does not exist in the UFS: fix the "
+               "mountPoint or create it\n")
+    proc = dc("apply", "-f", str(path), home=datacache_home)
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == f"error: dataset.datacache.io/nb: stored, but failed: {message}"
+    proc = dc("sync", "nb", home=datacache_home)
+    assert proc.returncode == 1 and proc.stderr.decode() == f"error: {message}"
