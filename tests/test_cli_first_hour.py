@@ -186,6 +186,36 @@ def test_a_missing_bucket_is_named_as_written_with_its_scheme(key, datacache_hom
                "mountPoint or create it\n")
     proc = dc("apply", "-f", str(path), home=datacache_home)
     assert proc.returncode == 1
-    assert proc.stderr.decode() == f"error: dataset.datacache.io/nb: stored, but failed: {message}"
+    assert proc.stderr.decode().startswith(f"error: dataset.datacache.io/nb: stored, but failed: {message}hint: ")
     proc = dc("sync", "nb", home=datacache_home)
     assert proc.returncode == 1 and proc.stderr.decode() == f"error: {message}"
+
+
+# 19.16 ------------------------------------------------------------------------------------------
+def test_apply_again_after_a_failed_first_sync_is_configured_and_delete_f_undoes_an_apply(datacache_home,
+                                                                                         tmp_path):
+    src = tmp_path / "photos"
+    path = tmp_path / "photos.yaml"
+    path.write_text(dataset_yaml("photos", [{"name": "local", "mountPoint": str(src)}], LEVELS))
+    first = dc("apply", "-f", str(path), home=datacache_home)  # the directory is not there yet
+    assert first.returncode == 1
+    assert first.stdout.decode() == "dataset.datacache.io/photos created\ncacheruntime.datacache.io/photos created\n"
+    assert first.stderr.decode().splitlines()[1] == (
+        f"hint: fix {path} and apply again, or remove what it stored: datacache delete -f {path}")
+
+    src.mkdir()
+    (src / "a.jpg").write_bytes(b"x" * 1000)
+    again = dc("apply", "-f", str(path), home=datacache_home, check=True)  # same file: it syncs now
+    assert again.stdout.decode() == ("dataset.datacache.io/photos configured\n"
+                                     "cacheruntime.datacache.io/photos unchanged\n")
+    row = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()[1].split()
+    assert row[:2] == ["photos", "1000B"] and row[5] == "Bound"
+    assert dc("apply", "-f", str(path), home=datacache_home, check=True).stdout.decode() == (
+        "dataset.datacache.io/photos unchanged\ncacheruntime.datacache.io/photos unchanged\n")
+
+    gone = dc("delete", "-f", str(path), home=datacache_home, check=True)  # one command, as kubectl delete -f
+    assert gone.stdout.decode() == "dataset.datacache.io/photos deleted\ncacheruntime.datacache.io/photos deleted\n"
+    for kind in ("datasets", "cacheruntimes"):
+        listed = dc("get", kind, home=datacache_home, check=True).stdout.decode()
+        assert listed.startswith("No ") and "resources found" in listed
+    assert not os.path.exists(datacache_home / "cache" / "default" / "photos")  # its cache went with it

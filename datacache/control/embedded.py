@@ -93,8 +93,9 @@ class Embedded:
         self.state.put(doc)
         verb = "created" if old is None else ("unchanged" if _same_spec(old, doc) else "configured")
         try:
-            if res.kind == "Dataset" and (verb != "unchanged" or self.load_manifest(res) is None):
+            if res.kind == "Dataset" and (verb != "unchanged" or self._sync_failed(res)):
                 self.sync(res.metadata.name, res.metadata.namespace)
+                verb = "configured" if verb == "unchanged" else verb  # a failed sync ran again, and worked
             elif res.kind == "CacheRuntime":
                 verb += supervisor.converge(self.home, res)
             elif res.kind == "DataLoad" and res.spec.policy == "Once" and verb != "unchanged":
@@ -111,6 +112,10 @@ class Embedded:
         except (DatacacheError, OSError) as err:
             raise _Stored(verb) from err
         return verb
+
+    def _sync_failed(self, ds: Dataset) -> bool:
+        """Whether ``ds`` has no manifest yet or its last sync failed: applying it again retries."""
+        return self.load_manifest(ds) is None or bool(syncmark.last_failure(self._dataset_dir(ds)))
 
     def scale(self, name: str, replicas: int, namespace: str = "default", remove: tuple[str, ...] = ()) -> str:
         """Set a CacheRuntime's ``replicas`` and wait for its workers (``datacache scale``);
