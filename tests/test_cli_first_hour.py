@@ -219,3 +219,17 @@ def test_apply_again_after_a_failed_first_sync_is_configured_and_delete_f_undoes
         listed = dc("get", kind, home=datacache_home, check=True).stdout.decode()
         assert listed.startswith("No ") and "resources found" in listed
     assert not os.path.exists(datacache_home / "cache" / "default" / "photos")  # its cache went with it
+
+
+# 18.5 -------------------------------------------------------------------------------------------
+def test_warmup_of_an_empty_source_directory_is_complete_with_nothing_to_load(datacache_home, tmp_path):
+    src = local_dataset(tmp_path, datacache_home, "dlio", {"train/a.npz": b"x" * 5000})
+    os.makedirs(os.path.join(src, "valid", "sub"))  # DLIO generates an empty valid/
+    dc("sync", "dlio", home=datacache_home, check=True)
+    proc = dc("warmup", "-q", "dlio", "/valid", "/train", home=datacache_home)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    lines = proc.stdout.decode().splitlines()
+    assert lines[1:] == ["  /valid: Complete: 0 files, 0B of 0B cached",
+                         "  /train: Complete: 1 file, 4.88KiB of 4.88KiB cached"]
+    missing = dc("warmup", "-q", "dlio", "/nothere", home=datacache_home)  # what was never there still fails
+    assert missing.returncode == 1 and "/nothere: no such file, directory or match" in missing.stdout.decode()
