@@ -31,9 +31,10 @@ import signal
 import sys
 import threading
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 from datacache import mountinfo
+from datacache.api.quantity import format_bytes
 from datacache.mountinfo import MountState
 
 log = logging.getLogger("datacache_fuse")
@@ -203,20 +204,46 @@ def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0, allow_nonemp
     elif state is MountState.HUNG:
         raise MountError(f"{mountpoint}: a FUSE mount there does not answer; run "
                          f"'datacache unmount {mountpoint}' (lazy) and retry")
-    try:
-        os.makedirs(mountpoint, exist_ok=True)
-    except FileExistsError:
-        raise MountError(f"{mountpoint} exists and is not a directory") from None
-    if not os.path.isdir(mountpoint):
-        raise MountError(f"{mountpoint} is not a directory")
+    make_mountpoint(mountpoint)
     if not allow_nonempty:
         check_empty(mountpoint)
+
+
+def make_mountpoint(mountpoint: str) -> None:
+    """Create ``mountpoint`` (with its parents) unless it is a directory already.
+    Raises :class:`MountError` in one line naming the path in the way and the fix: a path under
+    a regular file, a directory that cannot be made (``/proc``, read-only, no permission)."""
+    try:
+        os.makedirs(mountpoint, exist_ok=True)
+    except OSError as err:
+        blocker = _first_non_directory(mountpoint)
+        if blocker == mountpoint:
+            raise MountError(f"{mountpoint} exists and is not a directory: give an empty directory as the "
+                             "mount point (or a path to create)") from None
+        if blocker is not None:
+            raise MountError(f"cannot create mount point {mountpoint}: {blocker} is a file, not a directory; "
+                             "give a path under a directory (e.g. /mnt/NAME)") from None
+        where = f": {err.filename}" if err.filename and err.filename != mountpoint else ""
+        raise MountError(f"cannot create mount point {mountpoint}: {err.strerror or err}{where}; give a path "
+                         "under a directory you can write to (e.g. /mnt/NAME), or create it first") from None
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"{mountpoint} is not a directory")
+
+
+def _first_non_directory(path: str) -> str | None:
+    """The nearest of ``path`` and its ancestors that exists and is not a directory, if any."""
+    while path and path != os.path.dirname(path):
+        if os.path.lexists(path):
+            return None if os.path.isdir(path) else path
+        path = os.path.dirname(path)
+    return None
 
 
 def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,
           options: Iterable[str] = (), debug: bool = False, stderr: bool = True,
           read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS, allow_nonempty: bool = False,
-          no_open: bool | None = None, transport: str = "pyfuse3") -> None:
+          no_open: bool | None = None, transport: str = "pyfuse3",
+          announce: Callable[[str], None] | None = None) -> None:
     """Mount ``namespace/dataset`` at ``mountpoint`` and serve it until unmounted or signalled.
 
     Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
@@ -224,7 +251,9 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     ``workers``: threads for blocking reads; ``allow_nonempty``: mount over a directory with entries;
     ``no_open``: the kernel's no-open mode (None: when pyfuse3 supports it, see ``ops``; always
     with the kernel transport); ``transport``: ``"pyfuse3"`` (libfuse) or ``"kernel"`` (datacache's
-    own, :mod:`datacache_fuse.kernel`, handlers in :mod:`.kernel_ops`).
+    own, :mod:`datacache_fuse.kernel`, handlers in :mod:`.kernel_ops`); ``announce``: called once
+    the kernel's INIT came (the mount answers) with one line for the user, ``mounted NS/DATASET at
+    PATH (mode, cache levels), Ctrl-C to unmount``.
     Raises ``datacache.errors.ResourceError`` (no such
     dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
     e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
@@ -263,6 +292,12 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
             if read_ahead_kib:
                 got = mountinfo.set_read_ahead(mountpoint, read_ahead_kib)
                 log.info("read-ahead window of %s: %s KiB", mountpoint, got)
+            if announce is not None:
+                mode = "no-open mode" if ops.no_open else "a file handle per open"
+                cache = " + ".join(f"{level.mediumtype} {format_bytes(level.quota_bytes)}"
+                                   for level in runtime.spec.tieredstore.ordered_levels)
+                announce(f"mounted {namespace}/{dataset} at {mountpoint} (read-only, {mode}, cache {cache}), "
+                         "Ctrl-C to unmount")
 
         ops = DatacacheOperations(client, attr_timeout=fuse_spec.attr_timeout, workers=workers,
                                   on_init=after_init, no_open=no_open)
