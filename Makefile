@@ -3,20 +3,23 @@
 #
 # `system` installs the Debian packages the tests use for real (FUSE's fusermount3, nginx as an
 # HTTP source, OpenSSH for SFTP, rclone and s3fs-fuse as peers) only when one is missing; it needs
-# root (CI runs as root) or password-less sudo. `venv` makes .venv and installs this project with its dev extras,
-# again only when pyproject.toml changed since the last install.
+# root (CI runs as root) or password-less sudo. `venv` makes .venv and installs this project with
+# its dev extras, again only when pyproject.toml changed since the last install.
 
 SHELL       := /bin/bash
 PYTHON      ?= python3
 VENV        := .venv
 STAMP       := $(VENV)/.installed
 DEB_PACKAGES := fuse3 attr nginx openssh-server sshfs rclone s3fs
+# Each long step says what it does before it starts (a silent install looks hung).
+say          = @echo "==> [$$(date +%H:%M:%S)] $(1)"
 
 .PHONY: all system venv demo test clean
 
 all: test
 
 system:
+	$(call say,make system: checking the Debian packages the tests use ($(DEB_PACKAGES)))
 	@set -euo pipefail; \
 	if ! command -v dpkg >/dev/null; then \
 	  echo "make system: not a Debian-based system; install by hand: $(DEB_PACKAGES)" >&2; exit 0; fi; \
@@ -28,7 +31,7 @@ system:
 	if [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
 	else echo "make system: missing Debian packages:$$missing (run 'sudo make system')" >&2; exit 0; fi; \
-	echo "make system: installing$$missing"; \
+	echo "==> [$$(date +%H:%M:%S)] make system: installing$$missing with apt-get (its progress follows)"; \
 	policy=""; \
 	if [ ! -e /usr/sbin/policy-rc.d ]; then \
 	  policy=/usr/sbin/policy-rc.d; \
@@ -48,14 +51,20 @@ venv: system $(STAMP)
 # Python (fuse/datacache_fuse/kernel speaks the kernel's protocol on /dev/fuse; fuse3 brings
 # fusermount3 for mounts by users other than root).
 $(STAMP): pyproject.toml | system
+	$(call say,make venv: creating $(VENV) with $(PYTHON))
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(call say,make venv: installing datacache with its dev extras and torch 2.13.0 (CPU) with pip \
+	  (each package is named as it is fetched))
 	$(VENV)/bin/python -m pip install -e '.[dev]' 'torch==2.13.0'
 	touch $@
+	$(call say,make venv: $(VENV) is ready)
 
 demo: venv
+	$(call say,make demo: running 'datacache demo' (moto S3 + a local source: apply, warmup, read back, verify))
 	$(VENV)/bin/datacache demo
 
 test: venv
+	$(call say,make test: running the tests (real servers and FUSE mounts: many minutes))
 	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile  # two processes: most tests wait on servers
 
 clean:

@@ -60,3 +60,10 @@ class UFSUnavailableError(OSError):
 
     def __init__(self, path: str, detail: str):
         super().__init__(errno.EIO, f"UFS read failed and the block is not cached: {detail}", path)
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for an expected error: an ``OSError``'s file and reason, else its text."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.filename + ': ' if err.filename else ''}{err.strerror}"
+    return str(err)

@@ -9,7 +9,14 @@ memory budget.
 Already-cached blocks are skipped (a block file gone or short is not cached: it is loaded again),
 so a warmup is resumable. At the end every target is checked
 against what the cache actually holds (case C13): Complete means 100 % of its current-version
-bytes are cached; anything else is Failed with what is missing and why (cases C1, C9).
+bytes are cached; anything else is Failed with what is missing and why (cases C1, C9), or
+Cancelled when the caller stopped the load.
+
+A cancel takes effect within ``CANCEL_GRACE_S``: queued segments are dropped, and segments still
+reading from the UFS after the grace are abandoned (a 32 MiB GET from a slow store can take
+minutes). The segment threads are daemon threads, so an exiting process does not wait for them;
+a block is stored whole or not at all, and a write cut short by the exit is swept as an orphan
+(see ``cache.disk``).
 """
 
 from __future__ import annotations
@@ -17,20 +24,23 @@ from __future__ import annotations
 import errno
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from queue import Empty, Full, Queue
 from typing import Callable
 
 from datacache.cache.blocks import block_count
 from datacache.manifest import FileEntry
 
 _MAX_LISTED = 10
+CANCEL_GRACE_S = 0.5
+"""Seconds that segments in flight get to finish after a cancel before they are abandoned."""
 
 
 @dataclass
 class TargetResult:
     """One target's outcome: ``files``/``bytes`` selected, ``cached_bytes`` held after the run,
-    ``failures`` (messages), ``phase`` Complete | Failed."""
+    ``failures`` (messages), ``phase`` Complete | Failed | Cancelled (not complete, no file of it
+    failed, and the load was cancelled), ``cached_files``: its files 100 % cached after the run."""
 
     path: str
     files: int = 0
@@ -38,17 +48,34 @@ class TargetResult:
     cached_bytes: int = 0
     failures: list[str] = field(default_factory=list)
     phase: str = "Pending"
+    cached_files: int = 0  # files 100 % cached after the run
 
 
 @dataclass
 class WarmupResult:
+    """A run's outcome: per target, its ``duration`` (seconds), ``loaded_bytes`` read from the UFS;
+    ``cancelled``: the caller stopped it; ``in_flight``: segment threads abandoned after a cancel,
+    still reading (close the client only after them, see :func:`close_after`)."""
+
     targets: list[TargetResult]
     duration: float
     loaded_bytes: int
+    cancelled: bool = False
+    in_flight: tuple[threading.Thread, ...] = ()
 
     @property
     def ok(self) -> bool:
         return all(t.phase == "Complete" for t in self.targets)
+
+    @property
+    def phase(self) -> str:
+        """Complete | Cancelled | Failed (Complete wins over a cancel that came too late to matter)."""
+        return "Complete" if self.ok else "Cancelled" if self.cancelled else "Failed"
+
+    def total(self, name: str) -> int:
+        """The sum over the targets of a TargetResult field: ``files``, ``bytes``, ``cached_bytes``
+        or ``cached_files`` (a file under several targets counts once per target)."""
+        return sum(getattr(t, name) for t in self.targets)
 
 
 @dataclass
@@ -86,9 +113,10 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
     warmup --check``). Missing or damaged blocks are loaded again.
 
     Never raises for a bad target or a failed file: they are reported in the result. ``cancel``
-    (set from another thread or a signal handler) stops scheduling new segments; segments in
-    flight finish, each block is stored whole or not at all, so what is loaded stays loaded and
-    a later run resumes from it.
+    (set from another thread or a signal handler) stops the load within ``CANCEL_GRACE_S``
+    seconds: no new segment starts, segments in flight get the grace to finish and are then
+    abandoned (``WarmupResult.in_flight``). Each block is stored whole or not at all, so what is
+    loaded stays loaded and a later run resumes from it.
     """
     started = time.monotonic()
     manifest = client.manifest
@@ -120,10 +148,13 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
     for counters, mine in zip(progress.targets, per_target):
         for e in mine:
             owners.setdefault(e.path, []).append(counters)
+    if on_progress is not None:  # the totals are known: a bar can start here
+        on_progress(progress)
     ufs_before = client.source.ufs_bytes
-    file_errors = _load(client, list(selected.values()), owners, parallel, segment_bytes, progress, on_progress,
-                        cancel, check)
+    file_errors, in_flight = _load(client, list(selected.values()), owners, parallel, segment_bytes, progress,
+                                   on_progress, cancel, check)
     loaded = client.source.ufs_bytes - ufs_before
+    cancelled = cancel is not None and cancel.is_set()
 
     for res, mine in zip(results, per_target):
         if res.failures:
@@ -131,14 +162,42 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
             continue
         res.cached_bytes = client.cached_bytes(mine)
         missing = [e for e in mine if client.cached_fraction(e) < 1.0]
-        unknown = ("not loaded: the load was cancelled" if cancel is not None and cancel.is_set()
-                   else "not cached (evicted: the cache quota is smaller than the target)")
-        for e in missing[:_MAX_LISTED]:
-            res.failures.append(f"{e.path}: {file_errors.get(e.path, unknown)}")
-        if len(missing) > _MAX_LISTED:
-            res.failures.append(f"... and {len(missing) - _MAX_LISTED} more files not cached")
-        res.phase = "Complete" if not missing else "Failed"
-    return WarmupResult(results, time.monotonic() - started, loaded)
+        res.cached_files = res.files - len(missing)
+        # A cancelled load names only files that failed: the rest were simply not reached.
+        named = [e for e in missing if e.path in file_errors] if cancelled else missing
+        for e in named[:_MAX_LISTED]:
+            res.failures.append(f"{e.path}: {file_errors.get(e.path, _EVICTED)}")
+        if len(named) > _MAX_LISTED:
+            res.failures.append(f"... and {len(named) - _MAX_LISTED} more files not cached")
+        res.phase = "Complete" if not missing else "Failed" if named or not cancelled else "Cancelled"
+    return WarmupResult(results, time.monotonic() - started, loaded, cancelled, in_flight)
+
+
+_EVICTED = "not cached (evicted: the cache quota is smaller than the target)"
+
+
+def close_after(client, result: WarmupResult | None) -> None:
+    """Close ``client`` once the segments ``result`` abandoned are done (at once when none are):
+    closing its store under a running fill would fail that fill's write. The wait runs in a
+    daemon thread, so an exiting process does not wait for it."""
+    threads = result.in_flight if result is not None else ()
+    if not threads:
+        client.close()
+        return
+
+    def close() -> None:
+        for t in threads:
+            t.join()
+        client.close()
+    threading.Thread(target=close, name="datacache-warmup-close", daemon=True).start()
+
+
+def _reason(err: Exception) -> str:
+    """Why a file failed, in one line: ENOSPC's own text says why the cache did not keep it
+    (quota, full device, unhealthy tier)."""
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC and err.strerror:
+        return err.strerror
+    return f"{type(err).__name__}: {getattr(err, 'strerror', None) or err}"
 
 
 def _segments(entry: FileEntry, block_size: int, segment_bytes: int):
@@ -149,9 +208,10 @@ def _segments(entry: FileEntry, block_size: int, segment_bytes: int):
 
 
 def _load(client, entries, owners, parallel, segment_bytes, progress, on_progress, cancel,
-          check: bool) -> dict[str, str]:
+          check: bool) -> tuple[dict[str, str], tuple[threading.Thread, ...]]:
     """Run all segments, counting each into ``progress`` and the TargetProgress of each target in
-    ``owners[path]``; returns {dataset path: error message} for files that failed."""
+    ``owners[path]``; returns {dataset path: error message} for files that failed, and the
+    segment threads abandoned after a cancel (still running)."""
     source, bs = client.source, client.block_size
     # Few large files would otherwise be a few long GETs on a few connections: cut segments so the
     # whole load has at least ~4 per thread in flight (each still at least one block).
@@ -160,16 +220,20 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
     remaining = {e.path: block_count(e.size, bs) for e in entries}
     lock = threading.Lock()
     ufs_before = source.ufs_bytes
+    cancel = cancel or threading.Event()
+    abandoned = False  # set under ``lock``: late segments then report nothing
 
     def job(entry: FileEntry, first: int, last: int) -> None:
+        if cancel.is_set():  # queued before the cancel: dropped
+            return
         try:
             if entry.path not in errors:
                 source.fill(entry, first, last, check)
-        except OSError as err:
-            # ENOSPC says why the cache did not keep it (quota, full device, unhealthy tier).
-            reason = err.strerror if err.errno == errno.ENOSPC and err.strerror else f"{type(err).__name__}: {err.strerror or err}"
-            errors.setdefault(entry.path, reason)
+        except Exception as err:  # the file's failure, never the thread's: the load goes on
+            errors.setdefault(entry.path, _reason(err))
         with lock:
+            if abandoned:
+                return
             remaining[entry.path] -= last - first + 1
             _count(progress, owners[entry.path], min((last + 1) * bs, entry.size) - first * bs,
                    remaining[entry.path] == 0)
@@ -177,25 +241,76 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
             if on_progress is not None:
                 on_progress(progress)
 
-    with ThreadPoolExecutor(parallel, thread_name_prefix="datacache-warmup") as pool:
-        pending = set()
-        for entry in entries:
-            if cancel is not None and cancel.is_set():
+    pool = _SegmentPool(parallel, job, cancel)
+    for entry in entries:
+        if cancel.is_set():
+            break
+        if entry.size == 0:
+            with lock:
+                _count(progress, owners[entry.path], 0, True)
+            continue
+        for first, last in _segments(entry, bs, segment_bytes):
+            if not pool.submit(entry, first, last):
                 break
-            if entry.size == 0:
-                with lock:
-                    _count(progress, owners[entry.path], 0, True)
-                continue
-            for first, last in _segments(entry, bs, segment_bytes):
-                if cancel is not None and cancel.is_set():
-                    break
-                if len(pending) >= parallel * 4:  # bounded queue: memory stays flat for huge lists
-                    _, pending = wait(pending, return_when=FIRST_COMPLETED)
-                pending.add(pool.submit(job, entry, first, last))
-        wait(pending)
+    in_flight = pool.finish()
+    with lock:
+        abandoned = True
     if on_progress is not None:
         on_progress(progress)
-    return errors
+    return errors, in_flight
+
+
+class _SegmentPool:
+    """``parallel`` daemon threads running ``job(*segment)`` from a queue bounded to ``4 *
+    parallel`` segments (memory stays flat for huge lists). Not a ThreadPoolExecutor: its threads
+    are joined at interpreter exit, so a cancelled CLI would wait for every GET in flight."""
+
+    def __init__(self, parallel: int, job: Callable[..., None], cancel: threading.Event):
+        self._queue: Queue = Queue(parallel * 4)
+        self._job, self._cancel = job, cancel
+        self._threads = [threading.Thread(target=self._run, name=f"datacache-warmup-{i}", daemon=True)
+                         for i in range(parallel)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self._cancel.is_set():  # a cancel ends every thread at its next segment
+            try:
+                segment = self._queue.get(timeout=0.1)
+            except Empty:
+                continue
+            if segment is None:
+                return
+            self._job(*segment)
+
+    def submit(self, *segment) -> bool:
+        """Queue a segment (waits while the queue is full); False once cancelled."""
+        return self._put(segment)
+
+    def finish(self) -> tuple[threading.Thread, ...]:
+        """Wait for the queued segments; after a cancel, for at most ``CANCEL_GRACE_S`` more.
+        Returns the threads still running then (abandoned)."""
+        for _ in self._threads:
+            if not self._put(None):
+                break  # cancelled: the threads end by themselves
+        deadline = None
+        for t in self._threads:
+            while t.is_alive():
+                if self._cancel.is_set():
+                    deadline = deadline or time.monotonic() + CANCEL_GRACE_S
+                    if time.monotonic() >= deadline:
+                        return tuple(t for t in self._threads if t.is_alive())
+                t.join(0.05)
+        return ()
+
+    def _put(self, item) -> bool:
+        while not self._cancel.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except Full:
+                pass
+        return False
 
 
 def _count(progress: Progress, targets: list[TargetProgress], nbytes: int, file_done: bool) -> None:

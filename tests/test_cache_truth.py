@@ -87,7 +87,7 @@ def test_deleted_and_truncated_block_files_are_not_counted_and_warmup_reloads_th
     assert _ls(datacache_home) == {"a.bin": "80.0%", "b.bin": "80.0%", "c.bin": "80.0%"}
 
     out = dc("warmup", "-q", "truth", home=datacache_home, check=True).stdout.decode()
-    assert f"Complete in" in out and f"{format_bytes(lost)} loaded from the UFS" in out
+    assert "Complete in" in out and f"{format_bytes(lost)} loaded from the UFS" in out
     status = _status(datacache_home)
     assert status["cacheStates"]["cached"] == format_bytes(total)
     assert status["cacheStates"]["cachedPercentage"] == "100.0%"

@@ -114,7 +114,8 @@ def test_apply_reports_each_document_and_applies_the_others_when_one_fails(datac
     assert proc.stderr.decode() == (
         "error: dataset.datacache.io/half: stored, but failed: dataset 'half': spec.mounts[0].encryptOptions[0]: "
         "secret 'nokey' key 'k' not found: set the environment variable DATACACHE_SECRET_NOKEY_K or write the "
-        f"value to {datacache_home}/secrets/nokey/k\n")
+        f"value to {datacache_home}/secrets/nokey/k\n"
+        f"hint: fix {path} and apply again, or remove what it stored: datacache delete -f {path}\n")
     datasets = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()
     assert datasets[1].split()[0] == "half" and datasets[1].split()[5] == "Failed"
     runtimes = dc("get", "runtimes", home=datacache_home, check=True).stdout.decode().splitlines()
@@ -194,7 +195,7 @@ def test_warmup_of_a_missing_dataset_draws_no_bar(datacache_home):
 def test_warmup_bar_rate_is_ufs_bytes_per_second_in_mib():
     from rich.progress import Progress
 
-    from datacache.cli.data import LoadRateColumn
+    from datacache.cli.warmupbar import LoadRateColumn
 
     clock = [100.0]
     column = LoadRateColumn()

@@ -5,38 +5,15 @@
 resource back into a YAML-ready dict. Sizes are parsed by :func:`parse_quantity`.
 """
 
-from .loader import load_resource_dict, load_resources, to_document, to_yaml
-from .models import (
-    API_VERSION,
-    KINDS,
-    CacheRuntime,
-    CacheRuntimeSpec,
-    CacheStates,
-    Condition,
-    DataLoad,
-    DataLoadDataset,
-    DataLoadSpec,
-    DataLoadStatus,
-    DataLoadTarget,
-    Dataset,
-    DatasetSpec,
-    DatasetStatus,
-    EncryptOption,
-    EncryptOptionSource,
-    FuseSpec,
-    Level,
-    Mount,
-    ObjectMeta,
-    Resource,
-    RuntimeStatus,
-    SecretKeySelector,
-    TargetStatus,
-    TieredStore,
-    WorkerSpec,
-    known_schemes,
-    register_scheme,
-)
-from .quantity import format_bytes, parse_quantity
+import importlib
+
+# Names are imported from their module on first use (PEP 562): the ``datacache`` command imports
+# ``datacache.api.quantity`` for every call, and pydantic's models cost a tenth of a second.
+_SOURCE = {
+    **dict.fromkeys(("load_resource_dict", "load_resources", "to_document", "to_yaml"), "loader"),
+    **dict.fromkeys(("format_bytes", "parse_quantity"), "quantity"),
+}
+
 
 __all__ = [
     "API_VERSION",
@@ -74,3 +51,13 @@ __all__ = [
     "to_document",
     "to_yaml",
 ]
+
+
+def __getattr__(name: str):
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_SOURCE.get(name, 'models')}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -858,14 +858,14 @@ class TargetStatus(_Model):
     cached_bytes: int = 0
     files_done: int | None = None
     bytes_done: int | None = None
-    phase: Literal["Pending", "Executing", "Complete", "Failed"] = "Pending"
+    phase: Literal["Pending", "Executing", "Complete", "Failed", "Cancelled"] = "Pending"
     failures: list[str] = Field(default_factory=list)
 
 
 class DataLoadStatus(_Model):
     """``DataLoad.status``, written by the control plane (times RFC 3339, duration as text)."""
 
-    phase: Literal["Pending", "Executing", "Complete", "Failed"] = "Pending"
+    phase: Literal["Pending", "Executing", "Complete", "Failed", "Cancelled"] = "Pending"
     duration: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
     targets: list[TargetStatus] = Field(default_factory=list)

@@ -12,8 +12,7 @@ import sys
 import click
 
 from datacache.cli import cluster, controller, crds, data, resources, rundemo
-from datacache.control.embedded import describe_error
-from datacache.errors import DatacacheError
+from datacache.errors import DatacacheError, describe_error
 from datacache_fuse.cli import mount, unmount
 
 

@@ -8,8 +8,7 @@ import sys
 import click
 
 from datacache.api.quantity import format_bytes
-from datacache.cli.resources import KIND_NAMES, home_option, namespace_option
-from datacache.control.embedded import Embedded
+from datacache.cli.resources import KIND_NAMES, control_plane, home_option, namespace_option
 
 
 @click.group()
@@ -32,7 +31,7 @@ def serve(name, index, host, port, advertise, exit_with_parent, namespace, home)
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    plane = Embedded(home)
+    plane = control_plane(home)
     home = plane.home
     plane.close()
     run(home, namespace, name, index, host, port, advertise, exit_with_parent)
@@ -48,7 +47,7 @@ def supervise(name, namespace, home):
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    plane = Embedded(home)
+    plane = control_plane(home)
     home = plane.home
     plane.close()
     sys.exit(Supervisor(home, namespace, name).run())
@@ -63,7 +62,7 @@ def list_(name, namespace, home):
     from datacache.cli.tables import rows_table
     from datacache.cluster.status import observe_workers
 
-    plane = Embedded(home)
+    plane = control_plane(home)
     workers = observe_workers(plane.home, plane.get("CacheRuntime", name, namespace))
     rows = [[w["name"], "yes" if w["ready"] else "no", w["url"], str(w["pid"] or ""), format_bytes(w["used"]),
              format_bytes(w["capacity"])] for w in workers]
@@ -79,7 +78,7 @@ def list_(name, namespace, home):
 def scale(kind, name, replicas, namespace, home):
     """Grow or shrink a CacheRuntime's workers: datacache scale cacheruntime NAME --replicas N."""
     assert KIND_NAMES[kind] == "CacheRuntime"
-    click.echo(Embedded(home).scale(name, replicas, namespace))
+    click.echo(control_plane(home).scale(name, replicas, namespace))
 
 
 COMMANDS = (worker, scale)

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from datacache.cli.data import cancel_on_signals
+from datacache.cli.signals import cancel_on_signals
 from datacache.cli.resources import home_option
 
 

@@ -1,25 +1,18 @@
-"""Data verbs: warmup, sync, ls, cat."""
+"""Data verbs: warmup, sync, ls, cat.
+
+Each command imports the control plane when it runs, not when the module loads: ``datacache
+--help`` and light commands stay fast (see ``tests/test_cli_latency.py``)."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import shutil
-import signal
 import sys
-import threading
 import time
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-from rich.text import Text
 
-from datacache.api.quantity import format_bytes
-from datacache.cli.resources import home_option, namespace_option
-from datacache.api.loader import load_resources, to_document
-from datacache.control.embedded import Embedded
-from datacache.state import StateStore, default_home
+from datacache.cli.resources import control_plane, home_option, namespace_option
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -28,63 +21,6 @@ def split_target(target: str) -> tuple[str, str]:
     if not dataset:
         raise click.BadParameter("give DATASET or DATASET/path", param_hint="TARGET")
     return dataset, path
-
-
-@contextlib.contextmanager
-def cancel_on_signals():
-    """An Event set by Ctrl-C (SIGINT) or SIGTERM while the block runs, so a long job can stop
-    cleanly (its status written, nothing half-stored) instead of dying mid-write."""
-    cancel = threading.Event()
-    handler = lambda *_: cancel.set()  # noqa: E731
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield cancel
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-class LoadRateColumn(ProgressColumn):
-    """The bar's rate: bytes loaded from the UFS per second since the start, in binary units
-    (``12.50MiB/s``), the same figure as the summary line (blocks already cached are skipped and
-    count in the bar's bytes, not in the rate)."""
-
-    def render(self, task) -> Text:
-        elapsed = task.elapsed or 0.0
-        rate = task.fields.get("loaded", 0) / elapsed if elapsed > 0 else 0.0
-        return Text(f"{format_bytes(rate)}/s", style="progress.data.speed")
-
-
-def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str = "default",
-               quiet: bool = False, check: bool = False) -> bool:
-    """Warm up with a live progress bar (files, bytes, rate, ETA) on stderr and a summary on
-    stdout; returns True when every target is Complete. Ctrl-C / SIGTERM cancel it: the
-    DataLoad's status says Failed (Cancelled) and a new warmup resumes where it stopped."""
-    plane.bound(dataset, namespace)  # a missing dataset or runtime fails before any bar is drawn
-    columns = (TextColumn("[bold]warmup"), BarColumn(), TextColumn("{task.fields[files]} files"),
-               DownloadColumn(binary_units=True), LoadRateColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), disable=quiet) as bar:
-        task = bar.add_task("warmup", total=None, files="0/?", loaded=0)
-
-        def on_progress(p):
-            bar.update(task, total=p.bytes_total, completed=p.bytes_done, files=f"{p.files_done}/{p.files_total}",
-                       loaded=p.bytes_loaded)
-
-        with cancel_on_signals() as cancel:
-            name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel,
-                                        check=check)
-    rate = result.loaded_bytes / result.duration if result.duration else 0.0
-    click.echo(f"dataload.datacache.io/{name}: {'Complete' if result.ok else 'Failed'} in {result.duration:.1f}s, "
-               f"{format_bytes(result.loaded_bytes)} loaded from the UFS ({format_bytes(rate)}/s)")
-    for t in result.targets:
-        files = f"{t.files} file{'' if t.files == 1 else 's'}"
-        click.echo(f"  {t.path}: {t.phase}: {files}, {format_bytes(t.cached_bytes)} of {format_bytes(t.bytes)} cached")
-        for failure in t.failures:
-            click.echo(f"    failed: {failure}")
-    if not result.ok:
-        failed = ", ".join(t.path for t in result.targets if t.phase != "Complete")
-        click.echo(f"error: warmup incomplete for: {failed}", err=True)
-    return result.ok
 
 
 @click.command()
@@ -99,14 +35,16 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
 def warmup(dataset, paths, quiet, check, namespace, home):
     """Load DATASET (or PATHS inside it: files, directories, globs) into the cache.
 
-    Exits 1 when any target is missing or could not be cached completely, naming it.
+    Exits 1 when any target is missing or could not be cached completely, naming it; Ctrl-C or
+    SIGTERM stops it within a second or two (exit 130 or 143), and a new warmup resumes.
     """
     if "/" in dataset:
         name, _, path = dataset.partition("/")
         raise click.BadParameter(f"give the dataset and the paths separately: datacache warmup {name} /{path}",
                                  param_hint="DATASET")
-    if not run_warmup(Embedded(home), dataset, list(paths), namespace, quiet, check):
-        sys.exit(1)
+    from datacache.cli.warmupbar import run_warmup
+
+    sys.exit(run_warmup(control_plane(home), dataset, list(paths), namespace, quiet, check))
 
 
 @click.command()
@@ -122,10 +60,13 @@ def warmup(dataset, paths, quiet, check, namespace, home):
 @home_option
 def sync(dataset, files, report_status, namespace, home):
     """Re-list DATASET's mounts: a new manifest; changed files get new versions."""
+    from datacache.api.loader import load_resources
+    from datacache.state import default_home
+
     kube = _kube_client() if report_status == "kubernetes" else None  # no API access: fail before any work
     if files:
         _store_without_sync(home or default_home(), [res for f in files for res in load_resources(f)])
-    plane = Embedded(home)
+    plane = control_plane(home)
     diff = plane.sync(dataset, namespace, on_progress=_sync_progress(dataset))
     added, changed, deleted = diff.counts  # true counts: a huge diff keeps only its first paths in memory
     refreshed = len(diff.refreshed)
@@ -154,6 +95,9 @@ def _store_without_sync(home: str, resources: list) -> None:
     """Store ``resources`` (models) in the state under ``home`` as they are, without the sync that
     ``apply`` runs for a new Dataset: the operator's sync Job starts from a fresh home each time,
     and its one sync must diff the manifest kept on its claim, not one made a moment earlier."""
+    from datacache.api.loader import to_document
+    from datacache.state import StateStore
+
     state = StateStore(home)
     try:
         for res in resources:
@@ -180,13 +124,15 @@ def _sync_progress(dataset: str, every_s: float = 2.0):
 
 @click.command(name="ls")
 @click.argument("target")
-@click.option("-l", "long", is_flag=True, help="Sizes (bytes) and cached fractions.")
+@click.option("-l", "long", is_flag=True, help="Sizes (bytes) and cached percentages (of bytes, rounded down).")
 @namespace_option
 @home_option
 def ls_(target, long, namespace, home):
     """List a directory of a dataset: DATASET[/path]."""
+    from datacache.control.reconcile import percentage
+
     dataset, path = split_target(target)
-    client = Embedded(home).open_dataset(dataset, namespace)
+    client = control_plane(home).open_dataset(dataset, namespace)
     try:
         entry = client.stat(path)
         children = {path.rsplit("/", 1)[-1]: entry} if entry is not None else client.listdir(path)
@@ -196,7 +142,8 @@ def ls_(target, long, namespace, home):
             elif e is None:
                 click.echo(f"{'dir':>12}  {'':>7}  {name}/")
             else:
-                click.echo(f"{e.size:>12}  {100 * client.cached_fraction(e):6.1f}%  {name}")
+                cached = percentage(client.cached_bytes([e]), e.size) if e.size else "100.0%"
+                click.echo(f"{e.size:>12}  {cached:>7}  {name}")
     finally:
         client.close()
 
@@ -211,7 +158,7 @@ def cat(target, namespace, home):
     if not path.strip("/"):
         raise IsADirectoryError(errno.EISDIR, "is a directory (the dataset's root): give DATASET/path of a file",
                                 target)
-    client = Embedded(home).open_dataset(dataset, namespace)
+    client = control_plane(home).open_dataset(dataset, namespace)
     try:  # a closed pipe (`| head`) ends it quietly: see datacache.cli._Group
         with client.open(path) as f:
             shutil.copyfileobj(f, sys.stdout.buffer, 4 << 20)

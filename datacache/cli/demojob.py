@@ -33,7 +33,7 @@ from PIL import Image
 
 from datacache.api.loader import load_resources
 from datacache.api.quantity import format_bytes
-from datacache.cli.data import run_warmup
+from datacache.cli.warmupbar import run_warmup
 from datacache.cli.tables import table
 from datacache.control.embedded import Embedded
 from datacache.demo.sample_data import build_demo_dataset
@@ -132,7 +132,7 @@ def run_demo(n_jpeg: int = 2000, shard_bytes: int = 256 << 20, keep: bool = Fals
                 click.echo(f"    {line}")
 
             _step("datacache warmup demo")
-            if not run_warmup(plane, "demo", []):
+            if run_warmup(plane, "demo", []) != 0:
                 failures.append("warmup did not complete")
 
             _step("reading every file back through datacache:// and checking sha256")

@@ -6,12 +6,6 @@ import json
 import sys
 
 import click
-import yaml
-
-from datacache.api.loader import load_resources
-from datacache.cli.tables import table
-from datacache.control.dataloads import next_schedule_iso
-from datacache.control.embedded import ApplyError, Embedded
 
 KIND_NAMES = {
     "dataset": "Dataset", "datasets": "Dataset", "ds": "Dataset",
@@ -28,13 +22,24 @@ home_option = click.option("--home", envvar="DATACACHE_HOME", default=None,
                            help="State directory (default $DATACACHE_HOME or ~/.local/share/datacache).")
 
 
+def control_plane(home: str | None):
+    """The embedded control plane over ``home`` (``datacache.control.embedded.Embedded``),
+    imported here when a command runs: ``datacache --help`` does not load it."""
+    from datacache.control.embedded import Embedded
+
+    return Embedded(home)
+
+
 @click.command()
 @click.option("-f", "--filename", "files", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="Resource YAML (several documents allowed); repeat for more files.")
 @home_option
 def apply(files, home):
     """Create or update resources from YAML files (Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, DataLoad)."""
-    plane = Embedded(home)  # first: it registers the URL schemes of stored ThinRuntimeProfiles
+    from datacache.api.loader import load_resources
+    from datacache.control.embedded import ApplyError
+
+    plane = control_plane(home)  # first: it registers the URL schemes of stored ThinRuntimeProfiles
     docs = [res for f in files for res in load_resources(f)]  # any invalid document: nothing is stored
     try:
         lines = plane.apply(docs)
@@ -43,6 +48,9 @@ def apply(files, home):
             click.echo(line)
         for failure in err.failures:
             click.echo(f"error: {failure}", err=True)
+        if any(": stored, but failed: " in f for f in err.failures):  # kept, as kubectl keeps them
+            click.echo(f"hint: fix {' and '.join(files)} and apply again, or remove what it stored: "
+                       f"datacache delete {' '.join(f'-f {f}' for f in files)}", err=True)
         sys.exit(1)
     for line in lines:
         click.echo(line)
@@ -56,8 +64,12 @@ def apply(files, home):
 @home_option
 def get(kind, name, output, namespace, home):
     """List resources with their status (KIND: datasets, runtimes, thinruntimes, dataloads, ...)."""
+    import yaml
+
+    from datacache.cli.tables import table
+
     kind, namespace = _kind_ns(kind, namespace)
-    plane = Embedded(home)
+    plane = control_plane(home)
     if name:
         plane.get(kind, name, namespace)
     docs = [d for d in plane.list(kind, namespace) if not name or d["metadata"]["name"] == name]
@@ -78,8 +90,12 @@ def get(kind, name, output, namespace, home):
 @home_option
 def describe(kind, name, namespace, home):
     """Show one resource in full: spec and status."""
+    import yaml
+
+    from datacache.control.dataloads import next_schedule_iso
+
     kind, namespace = _kind_ns(kind, namespace)
-    plane = Embedded(home)
+    plane = control_plane(home)
     plane.get(kind, name, namespace)
     plane.refresh_status(kind, name, namespace)
     doc = plane.state.get(kind, name, namespace)
@@ -90,16 +106,48 @@ def describe(kind, name, namespace, home):
 
 
 @click.command()
-@click.argument("kind", type=_kind)
-@click.argument("name")
+@click.argument("kind", type=_kind, required=False)
+@click.argument("name", required=False)
+@click.option("-f", "--filename", "files", multiple=True, type=click.Path(dir_okay=False),
+              help="Delete the resources these YAML files name (as kubectl delete -f); repeatable.")
 @click.option("--force", is_flag=True, help="Delete a Dataset even while it is mounted (unmounts it lazily).")
 @namespace_option
 @home_option
-def delete(kind, name, force, namespace, home):
-    """Delete a resource. A Dataset's cached blocks (on every worker), manifests, hit counters and
-    DataLoads go with it; a mounted Dataset is refused unless --force."""
-    kind, namespace = _kind_ns(kind, namespace)
-    click.echo(Embedded(home).delete(kind, name, namespace, force=force))
+def delete(kind, name, files, force, namespace, home):
+    """Delete a resource (KIND NAME), or every resource of YAML files (-f FILE). A Dataset's cached
+    blocks (on every worker), manifests, hit counters and DataLoads go with it; a mounted Dataset
+    is refused unless --force."""
+    if files and (kind or name):
+        raise click.UsageError("give KIND NAME or -f FILE, not both")
+    if not files:
+        if not (kind and name):
+            raise click.UsageError("give KIND NAME (e.g. dataset photos) or -f FILE")
+        kind, namespace = _kind_ns(kind, namespace)
+        click.echo(control_plane(home).delete(kind, name, namespace, force=force))
+        return
+    from datacache.api.loader import load_resources
+    from datacache.errors import DatacacheError, describe_error
+
+    plane = control_plane(home)
+    failed = False
+    resources = sorted((r for f in files for r in load_resources(f)), key=lambda r: _DELETE_ORDER[r.kind])
+    named = {(r.kind, r.metadata.name, r.metadata.namespace) for r in resources}
+    for res in resources:
+        meta = res.metadata
+        try:
+            line = plane.delete(res.kind, meta.name, meta.namespace, force=force)
+            if any((kind, meta.name, meta.namespace) in named for kind in ("CacheRuntime", "ThinRuntime")):
+                line = line.split(" (", 1)[0]  # not "its runtime stays": it goes next
+            click.echo(line)
+        except (DatacacheError, OSError) as err:  # the others are deleted, each failure is said
+            click.echo(f"error: {describe_error(err)}", err=True)
+            failed = True
+    if failed:
+        sys.exit(1)
+
+
+# A Dataset goes before its runtime (its blocks are found through it), a ThinRuntime before its profile.
+_DELETE_ORDER = {"DataLoad": 0, "Dataset": 1, "CacheRuntime": 2, "ThinRuntime": 3, "ThinRuntimeProfile": 4}
 
 
 def _kind_ns(kind: str, namespace: str) -> tuple[str, str]:

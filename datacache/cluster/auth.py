@@ -14,8 +14,6 @@ import hmac
 import os
 import secrets
 
-from aiohttp import web
-
 from datacache import private
 from datacache.errors import ResourceError
 
@@ -73,9 +71,10 @@ def authorized(request_header: str | None, token: str) -> bool:
 
 def middleware(token: str, open_paths: frozenset[str]):
     """aiohttp middleware: every path outside ``open_paths`` needs the bearer token, else 401."""
+    from aiohttp import web  # here: the CLI reads tokens without loading aiohttp
 
     @web.middleware
-    async def check(request: web.Request, handler):
+    async def check(request, handler):
         if request.path not in open_paths and not authorized(request.headers.get("Authorization"), token):
             return web.json_response({"error": "Unauthorized", "message": "missing or wrong bearer token"},
                                      status=401, headers={"WWW-Authenticate": "Bearer"})

@@ -8,7 +8,6 @@ not ready, so DESIRED/READY tell the whole story.
 
 from __future__ import annotations
 
-from datacache.cluster.worker_client import LoopThread, WorkerClient
 from datacache.cluster.membership import open_membership
 from datacache.cluster import workerset
 
@@ -16,6 +15,8 @@ from datacache.cluster import workerset
 def observe_workers(home: str, runtime) -> list[dict]:
     """One dict per worker of CacheRuntime ``runtime`` (a model): ``name``, ``ready`` (bool),
     ``capacity`` and ``used`` (bytes), ``hits``, ``misses``, ``url``, ``pid``."""
+    from datacache.cluster.worker_client import LoopThread, WorkerClient  # aiohttp: not for in-process runtimes
+
     ns, name = runtime.metadata.namespace, runtime.metadata.name
     members = open_membership(home)
     try:

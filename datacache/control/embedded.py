@@ -30,7 +30,7 @@ from datacache.cache.disk import DiskTier
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.dataset_client import DatasetClient
-from datacache.cluster import auth, membership, worker_source as cluster_source
+from datacache.cluster import auth, membership
 from datacache.cluster.status import observe_workers
 from datacache.cluster import workerset
 from datacache.control import dataloads, observe, reconcile, supervisor
@@ -41,8 +41,8 @@ from datacache.stack.engines import stop_runtime
 from datacache.stack.readpath import ReadPath, distributed
 from datacache.state import StateStore, default_home, now_iso
 from datacache.control.sync import sync_manifest
-from datacache.warmup import warmup
-from datacache.errors import DatacacheError, ResourceError
+from datacache.warmup import close_after, warmup
+from datacache.errors import DatacacheError, ResourceError, describe_error
 from datacache.manifest import Manifest, ManifestDiff
 from datacache.ufs.mounts import UnionNamespace
 
@@ -93,8 +93,9 @@ class Embedded:
         self.state.put(doc)
         verb = "created" if old is None else ("unchanged" if _same_spec(old, doc) else "configured")
         try:
-            if res.kind == "Dataset" and (verb != "unchanged" or self.load_manifest(res) is None):
+            if res.kind == "Dataset" and (verb != "unchanged" or self._sync_failed(res)):
                 self.sync(res.metadata.name, res.metadata.namespace)
+                verb = "configured" if verb == "unchanged" else verb  # a failed sync ran again, and worked
             elif res.kind == "CacheRuntime":
                 verb += supervisor.converge(self.home, res)
             elif res.kind == "DataLoad" and res.spec.policy == "Once" and verb != "unchanged":
@@ -111,6 +112,10 @@ class Embedded:
         except (DatacacheError, OSError) as err:
             raise _Stored(verb) from err
         return verb
+
+    def _sync_failed(self, ds: Dataset) -> bool:
+        """Whether ``ds`` has no manifest yet or its last sync failed: applying it again retries."""
+        return self.load_manifest(ds) is None or bool(syncmark.last_failure(self._dataset_dir(ds)))
 
     def scale(self, name: str, replicas: int, namespace: str = "default", remove: tuple[str, ...] = ()) -> str:
         """Set a CacheRuntime's ``replicas`` and wait for its workers (``datacache scale``);
@@ -212,6 +217,8 @@ class Embedded:
         cache directory of ``runtime`` on disk: in-process, and each ``worker-<i>``."""
         if distributed(runtime):
             try:
+                from datacache.cluster import worker_source as cluster_source  # aiohttp: only for workers
+
                 source = cluster_source.connect(self.home, runtime, None, self.paths.budget)
             except ResourceError:
                 source = None  # never started: no worker token, nothing live
@@ -305,7 +312,7 @@ class Embedded:
         """Run a DataLoad now; returns the ``WarmupResult``. Its status goes Executing (with live
         ``progress`` and per-target ``targets[].bytesDone``, written at most once a second) →
         Complete | Failed (C13: Complete means every target's current version is 100 % cached); ``lastSuccessfulTime`` survives failed runs.
-        ``cancel`` set (Ctrl-C, SIGTERM) stops it: loaded blocks stay, status Failed/Cancelled.
+        ``cancel`` set (Ctrl-C, SIGTERM) stops it within about a second: loaded blocks stay, phase Cancelled.
         ``check``: cached blocks are verified by checksum, not only by presence and size.
         Errors opening the dataset are raised after the status says Failed, and why."""
         meta = dataload.metadata
@@ -330,7 +337,7 @@ class Embedded:
             if on_progress is not None:
                 on_progress(p)
 
-        client = None
+        client = result = None
         try:
             ds = dataload.spec.dataset
             if dataload.spec.load_metadata and sync_first:
@@ -342,15 +349,15 @@ class Embedded:
         except BaseException as err:  # never left Executing: Failed, saying why
             reason = "Cancelled" if isinstance(err, KeyboardInterrupt) else "LoadFailed"
             self.state.set_status("DataLoad", meta.name, meta.namespace, {
-                "phase": "Failed", "lastScheduleTime": started, **kept,
+                "phase": "Cancelled" if reason == "Cancelled" else "Failed", "lastScheduleTime": started, **kept,
                 "duration": f"{time.monotonic() - t0:.1f}s",
                 "conditions": [{"type": "Complete", "status": "False", "reason": reason,
                                 "message": str(err) or type(err).__name__, "lastTransitionTime": now_iso()}]})
             raise
         finally:
             if client is not None:
-                client.close()
-        status = reconcile.dataload_status(result, started, cancelled=cancel is not None and cancel.is_set())
+                close_after(client, result)  # after the fills a cancel abandoned
+        status = reconcile.dataload_status(result, started)
         status = {**kept, **status}
         if per_worker:
             status["workers"] = per_worker
@@ -415,7 +422,7 @@ class Embedded:
                      updating=syncmark.is_running(directory), sync_error=syncmark.last_failure(directory),
                      file_num=manifest.file_num if manifest else 0,
                      ufs_total=manifest.total_size if manifest else 0)
-        if runtime is None or manifest is None:
+        if runtime is None:
             return reconcile.DatasetObservation(**known), None
         name = ds.metadata.name
         held: set[str] = set()
@@ -423,13 +430,16 @@ class Embedded:
         try:
             for store in self._stores(runtime):
                 try:
-                    held.update(observe.store_keys(store))
-                    stored += observe.stored_bytes(store, f"{name}/")
+                    if manifest is not None:
+                        held.update(observe.store_keys(store))
+                        stored += observe.stored_bytes(store, f"{name}/")
                     capacity += store.capacity
                 finally:
                     store.close()
         except OSError as err:  # a cache directory that cannot be opened
             return reconcile.DatasetObservation(**known, error=f"cache unreadable: {err}"), None
+        if manifest is None:  # never synced (or its first sync failed): the runtime's capacity still shows
+            return reconcile.DatasetObservation(**known, capacity=capacity), None
         stats = self._stats(runtime)
         try:
             hits, misses = stats.get(name)
@@ -530,13 +540,6 @@ class _Stored(DatacacheError):
     def __init__(self, verb: str):
         super().__init__(verb)
         self.verb = verb
-
-
-def describe_error(err: BaseException) -> str:
-    """One line for an expected error: an ``OSError``'s file and reason, else its text."""
-    if isinstance(err, OSError) and err.strerror:
-        return f"{err.filename + ': ' if err.filename else ''}{err.strerror}"
-    return str(err)
 
 
 def _same_spec(old: dict, new: dict) -> bool:

@@ -37,9 +37,14 @@ class DatasetObservation:
 
 
 def percentage(part: int, whole: int) -> str:
-    """Fluid's percentage text: one decimal and a percent sign; ``0.0%`` when ``whole`` is 0 (an
-    empty dataset has nothing cached, and no reads have no hits)."""
-    return "0.0%" if whole <= 0 else f"{100.0 * part / whole:.1f}%"
+    """Fluid's percentage text: one decimal and a percent sign, rounded down (so ``100.0%`` means
+    all of it: 488.28 KiB of 488.29 KiB is ``99.9%``, and a job gated on 100 % waits for the last
+    byte); ``0.0%`` when ``whole`` is 0 (an empty dataset has nothing cached, and no reads have no
+    hits). ``part`` and ``whole`` are integers (bytes, counts): exact, no float rounding."""
+    if whole <= 0:
+        return "0.0%"
+    tenths = 1000 * part // whole
+    return f"{tenths // 10}.{tenths % 10}%"
 
 
 def dataset_status(obs: DatasetObservation) -> dict:
@@ -67,7 +72,7 @@ def dataset_status(obs: DatasetObservation) -> dict:
         "fileNum": obs.file_num,
         "cacheStates": {
             "cached": format_bytes(obs.cached) if synced else "-",
-            "cacheCapacity": format_bytes(obs.capacity),
+            "cacheCapacity": format_bytes(obs.capacity) if obs.bound else "-",  # no runtime: no cache
             # Unknown before the first sync: '-' rather than a number nobody measured.
             "cachedPercentage": percentage(obs.cached, obs.ufs_total) if synced else "-",
             "cacheHitRatio": hit_ratio,
@@ -155,18 +160,20 @@ def keep_transition_times(status: dict, previous: dict) -> dict:
     return status
 
 
-def dataload_status(result, started_iso: str, cancelled: bool = False) -> dict:
-    """The DataLoad's ``status`` from a ``dataload.WarmupResult`` (``cancelled``: stopped by the
-    user; a Failed condition says so)."""
+def dataload_status(result, started_iso: str) -> dict:
+    """The DataLoad's ``status`` from a ``dataload.WarmupResult``: phase Complete, Failed, or
+    Cancelled (stopped by the user; its condition says how to resume)."""
     failed = [t.path for t in result.targets if t.phase != "Complete"]
     if result.ok:
         condition = ("True", "Complete", "every target's current version is 100% cached")
-    elif cancelled:
-        condition = ("False", "Cancelled", "cancelled: blocks loaded so far stay cached; run it again to resume")
+    elif result.cancelled:
+        condition = ("False", "Cancelled", f"cancelled: {format_bytes(result.total('cached_bytes'))} of "
+                     f"{format_bytes(result.total('bytes'))} cached, blocks loaded so far stay cached; run it again to "
+                     "load the rest")
     else:
         condition = ("False", "TargetsIncomplete", "not completely cached: " + ", ".join(failed))
     return {
-        "phase": "Complete" if result.ok else "Failed",
+        "phase": result.phase,
         "duration": f"{result.duration:.1f}s",
         "conditions": [{"type": "Complete", "status": condition[0], "reason": condition[1],
                         "message": condition[2], "lastTransitionTime": now_iso()}],

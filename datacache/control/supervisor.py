@@ -70,7 +70,6 @@ from dataclasses import dataclass
 
 from datacache import private
 from datacache.cluster.auth import ensure_token, load_token, runtime_dir
-from datacache.cluster.worker_client import LoopThread, WorkerClient
 from datacache.cluster import membership, merge
 from datacache.cluster.membership import Membership
 from datacache.cluster import workerset
@@ -517,6 +516,8 @@ class Supervisor:
             for m in leaving:
                 self._members.drain(self.namespace, self.name, m.worker_id, m.pid)
             block_size = load_resource_dict(doc, "state").spec.block_size_bytes
+            from datacache.cluster.worker_client import LoopThread, WorkerClient  # aiohttp: only when draining
+
             client = WorkerClient(load_token(self.home, self.namespace, self.name), self.name, block_size)
             io = LoopThread("datacache-drain")
             bound = self._drain_s + 2 * STOP_TIMEOUT_S  # the workers' own bound, plus a pass in flight

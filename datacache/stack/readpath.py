@@ -27,7 +27,7 @@ from datacache.cache.local_source import LocalBlockSource
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.dataset_client import DatasetClient
-from datacache.cluster import membership, worker_source as cluster_source
+from datacache.cluster import membership
 from datacache.errors import ResourceError
 from datacache.manifest import Manifest
 from datacache.stack import layout, refreshed, syncmark
@@ -162,6 +162,8 @@ class ReadPath:
                                     runtime.spec.block_size_bytes, self.budget, self.hit_stats(runtime))
         if self._ensure_workers is not None:
             self._ensure_workers(runtime)
+        from datacache.cluster import worker_source as cluster_source  # aiohttp: only for workers
+
         return cluster_source.connect(self.home, runtime, ufs, self.budget, self.hit_stats(runtime))
 
     def open_dataset(self, name: str, namespace: str = "default") -> DatasetClient:

@@ -72,6 +72,7 @@ class UnionNamespace:
         self.secrets: list[str] = []
         self.mounts: dict[str, UfsMount] = {}
         self.policies = {m.name: policy_from_options(m.options) for m in dataset.spec.mounts}  # retries
+        self.mount_points = {m.name: m.mount_point for m in dataset.spec.mounts}  # as written, for messages
         open_mount = opener or (lambda m, where: self._open_url(m, where, home))
         for i, m in enumerate(dataset.spec.mounts):
             fs, root = open_mount(m, f"dataset {self.name!r}: spec.mounts[{i}]")
@@ -134,8 +135,8 @@ class UnionNamespace:
                 if mount.prefix:
                     yield FileEntry(normalize(mount.prefix) + DIR, mount.name, mount.root, 0, 0.0, "")
             except FileNotFoundError:
-                raise ResourceError(f"{where}: mountPoint {mount.root!r} does not exist in the UFS: "
-                                    "fix the mountPoint or create it") from None
+                raise ResourceError(f"{where}: mountPoint {self.mount_points[mount.name]!r} does not exist in the "
+                                    "UFS: fix the mountPoint or create it") from None
             except Exception as err:  # each backend has its own error types (botocore, aiohttp, ...)
                 raise ResourceError(redact(f"{where}: cannot list the mountPoint: {type(err).__name__}: {err} "
                                            "(check the mountPoint, its options and credentials)",

@@ -30,9 +30,7 @@ import email.utils
 import errno
 import os
 
-from botocore.exceptions import ClientError
 from fsspec.asyn import sync
-from s3fs.errors import translate_boto_error
 
 from datacache.errors import StaleFileError, UFSUnavailableError
 from datacache.ufs.retry import DEFAULT_POLICY, RetryPolicy
@@ -190,6 +188,10 @@ def _http_info(headers, size: int | None = None) -> dict:
 
 
 def _read_s3(fs, path: str, etag: str, start: int, end: int) -> bytes:
+    # Imported here: s3fs and botocore cost ~0.4 s, and only S3 reads need them.
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
     bucket, key, _ = fs.split_path(path)
 
     # The client directly, not fs._call_s3: s3fs's own retry loop (5 tries) would multiply

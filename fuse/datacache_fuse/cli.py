@@ -13,7 +13,7 @@ import os
 import click
 
 from datacache import mountinfo
-from datacache_fuse.daemon import MountError, check_empty, log_path, serve
+from datacache_fuse.daemon import MountError, check_empty, log_path, make_mountpoint, serve
 from datacache_fuse.launcher import daemon_argv, start_background, supervise
 from datacache_fuse.launcher import unmount as _unmount
 from datacache.mountinfo import MountState
@@ -91,8 +91,7 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
             if state is MountState.LIVE:
                 raise MountError(f"{mountpoint} is already mounted: run 'datacache unmount {mountpoint}' first")
             if state is MountState.NONE:  # here too: the daemon's refusals would only reach its log
-                if os.path.lexists(mountpoint) and not os.path.isdir(mountpoint):
-                    raise MountError(f"{mountpoint} exists and is not a directory")
+                make_mountpoint(mountpoint)
                 if not allow_nonempty:
                     check_empty(mountpoint)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
@@ -110,7 +109,7 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
             raise SystemExit(supervise(argv, mountpoint))
         else:
             serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None)
+                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None, announce=click.echo)
     except _user_errors() as err:
         raise _UserError(str(err)) from None
 

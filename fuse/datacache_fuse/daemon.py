@@ -31,9 +31,10 @@ import signal
 import sys
 import threading
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 from datacache import mountinfo
+from datacache.api.quantity import format_bytes
 from datacache.mountinfo import MountState
 
 log = logging.getLogger("datacache_fuse")
@@ -201,20 +202,45 @@ def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0, allow_nonemp
     elif state is MountState.HUNG:
         raise MountError(f"{mountpoint}: a FUSE mount there does not answer; run "
                          f"'datacache unmount {mountpoint}' (lazy) and retry")
-    try:
-        os.makedirs(mountpoint, exist_ok=True)
-    except FileExistsError:
-        raise MountError(f"{mountpoint} exists and is not a directory") from None
-    if not os.path.isdir(mountpoint):
-        raise MountError(f"{mountpoint} is not a directory")
+    make_mountpoint(mountpoint)
     if not allow_nonempty:
         check_empty(mountpoint)
+
+
+def make_mountpoint(mountpoint: str) -> None:
+    """Create ``mountpoint`` (with its parents) unless it is a directory already.
+    Raises :class:`MountError` in one line naming the path in the way and the fix: a path under
+    a regular file, a directory that cannot be made (``/proc``, read-only, no permission)."""
+    try:
+        os.makedirs(mountpoint, exist_ok=True)
+    except OSError as err:
+        blocker = _first_non_directory(mountpoint)
+        if blocker == mountpoint:
+            raise MountError(f"{mountpoint} exists and is not a directory: give an empty directory as the "
+                             "mount point (or a path to create)") from None
+        if blocker is not None:
+            raise MountError(f"cannot create mount point {mountpoint}: {blocker} is a file, not a directory; "
+                             "give a path under a directory (e.g. /mnt/NAME)") from None
+        where = f": {err.filename}" if err.filename and err.filename != mountpoint else ""
+        raise MountError(f"cannot create mount point {mountpoint}: {err.strerror or err}{where}; give a path "
+                         "under a directory you can write to (e.g. /mnt/NAME), or create it first") from None
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"{mountpoint} is not a directory")
+
+
+def _first_non_directory(path: str) -> str | None:
+    """The nearest of ``path`` and its ancestors that exists and is not a directory, if any."""
+    while path and path != os.path.dirname(path):
+        if os.path.lexists(path):
+            return None if os.path.isdir(path) else path
+        path = os.path.dirname(path)
+    return None
 
 
 def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,
           options: Iterable[str] = (), debug: bool = False, stderr: bool = True,
           read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS, allow_nonempty: bool = False,
-          no_open: bool | None = None) -> None:
+          no_open: bool | None = None, announce: Callable[[str], None] | None = None) -> None:
     """Mount ``namespace/dataset`` at ``mountpoint`` and serve it until unmounted or signalled.
 
     Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
@@ -222,7 +248,9 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     ``workers``: threads serving requests; ``allow_nonempty``: mount over a directory
     with entries; ``no_open``: the kernel's no-open mode (None or True; default), or False for a
     file handle per open, with file-tier files passed through to the kernel
-    (handlers in :mod:`.kernel_ops`, transport in :mod:`datacache_fuse.kernel`).
+    (handlers in :mod:`.kernel_ops`, transport in :mod:`datacache_fuse.kernel`); ``announce``:
+    called once the kernel's INIT came (the mount answers) with one line for the user,
+    ``mounted NS/DATASET at PATH (read-only, mode, cache levels), Ctrl-C to unmount``.
     Raises ``datacache.errors.ResourceError`` (no such
     dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
     e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
@@ -244,8 +272,16 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
         fuse_spec = runtime.spec.fuse
         opts = mount_options(dataset, namespace, fuse_spec.options, options)
         prepare_mountpoint(mountpoint, allow_nonempty=allow_nonempty)
+        cache = " + ".join(f"{level.mediumtype} {format_bytes(level.quota_bytes)}"
+                           for level in runtime.spec.tieredstore.ordered_levels)
+
+        def mounted(mode: str) -> None:
+            if announce is not None:
+                announce(f"mounted {namespace}/{dataset} at {mountpoint} (read-only, {mode}, cache {cache}), "
+                         "Ctrl-C to unmount")
+
         _serve(client, namespace, dataset, mountpoint, opts, home, logfile, attr_timeout=fuse_spec.attr_timeout,
-               workers=workers, read_ahead_kib=read_ahead_kib, handles=no_open is False)
+               workers=workers, read_ahead_kib=read_ahead_kib, handles=no_open is False, mounted=mounted)
     finally:
         if client is not None:
             client.close()
@@ -253,11 +289,14 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
 
 
 def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str], home: str, logfile: str, *,
-           attr_timeout: float, workers: int, read_ahead_kib: int, handles: bool) -> None:
+           attr_timeout: float, workers: int, read_ahead_kib: int, handles: bool,
+           mounted: Callable[[str], None]) -> None:
     """Mount, serve until unmounted or signalled (SIGTERM, SIGINT, SIGHUP unmount lazily and end
     the daemon), clean up. Options other than the ones the transport sets itself (``ro``,
     ``default_permissions``, ``fsname``, ``subtype``, ``allow_other``) go to the kernel as they
-    are. ``handles``: an OPEN per file, passed through when the file tier holds it."""
+    are. ``handles``: an OPEN per file, passed through when the file tier holds it; ``mounted``:
+    called with the mode (``"no-open mode"``, ``"a file handle per open"``) once the mount
+    answers."""
     from datacache_fuse.kernel.mount import FuseMountError
     from datacache_fuse.kernel.server import FuseServer
     from datacache_fuse.kernel_ops import DatasetOperations
@@ -289,10 +328,11 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
         _write_state(state_file, {"pid": os.getpid(), "dataset": dataset, "namespace": namespace,
                                   "mountpoint": mountpoint, "log": logfile,
                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        mode = "no-open mode" if ops.no_open else "a file handle per open"
         log.info("mounted %s/%s at %s (FUSE 7.%d, %s, options %s)", namespace, dataset, mountpoint,
-                 session.kernel.minor, "no-open mode" if ops.no_open else
-                 "a file handle per open" + (", passthrough of file-tier files" if session.passthrough else ""),
+                 session.kernel.minor, mode + (", passthrough of file-tier files" if session.passthrough else ""),
                  ",".join(extra) or "-")
+        mounted(mode)
         while not session.wait(0.2) and not stop.is_set():
             pass
         if signalled:

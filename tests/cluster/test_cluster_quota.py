@@ -64,7 +64,7 @@ def test_c1_c13_c14_warmup_past_the_summed_quota(cluster, module_home):
     assert target.cached_bytes == client.cached_bytes() == on_workers  # C14: summed over workers
     status = plane.refresh_status("Dataset", NAME)
     assert status["cacheStates"]["cached"] == format_bytes(on_workers)
-    assert status["cacheStates"]["cachedPercentage"] == f"{100.0 * on_workers / (256 * MiB):.1f}%"
+    assert status["cacheStates"]["cachedPercentage"] == f"{1000 * on_workers // (256 * MiB) / 10:.1f}%"
     assert status["cacheStates"]["cacheCapacity"] == format_bytes(3 * QUOTA)
     metrics = client.source.worker_metrics()
     assert sum(m["datacache_worker_evictions_total"] for m in metrics.values()) > 0

@@ -147,7 +147,7 @@ def test_c13_c14_status_after_warmup_equals_blocks_stored_on_workers(cluster, mo
     assert client.cached_bytes() == remaining
     status = plane.refresh_status("Dataset", NAME)
     assert status["cacheStates"]["cached"] == format_bytes(remaining)
-    assert status["cacheStates"]["cachedPercentage"] == f"{100.0 * remaining / total:.1f}%"
+    assert status["cacheStates"]["cachedPercentage"] == f"{1000 * remaining // total / 10:.1f}%"
 
     runtime = plane.refresh_status("CacheRuntime", NAME)
     assert (runtime["desiredWorkers"], runtime["readyWorkers"], runtime["phase"]) == (3, 3, "Ready")

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from datacache.api.loader import load_resource_dict
+from datacache.api.quantity import format_bytes
 from datacache.control import dataloads
 from datacache.control.controller import Controller
 from support import apply_dataset, s3_mount
@@ -156,17 +157,19 @@ def test_a_once_dataload_whose_run_fails_is_stored_and_apply_says_why(datacache_
     assert fraction(plane, "once", "t/a.bin") == 1.0  # the target that exists was loaded
 
 
-def test_cancelled_warmup_is_failed_and_resumes(datacache_home, tmp_path):
+def test_cancelled_warmup_is_cancelled_and_resumes(datacache_home, tmp_path):
     sizes = {f"f{i:03d}.bin": 128 * KiB for i in range(160)}
     root, data = local_source(tmp_path, sizes)
     plane = apply_dataset(datacache_home, "big", [{"name": "local", "mountPoint": root}], block_size="64Ki")
     cancel = threading.Event()
     name, first = plane.warmup("big", [], on_progress=lambda p: p.files_done >= 3 and cancel.set(), cancel=cancel)
-    assert not first.ok
+    assert not first.ok and first.phase == "Cancelled" and first.in_flight == ()
     status = plane.state.get("DataLoad", name)["status"]
-    assert status["phase"] == "Failed" and status["conditions"][0]["reason"] == "Cancelled"
-    assert any("cancelled" in f for f in status["targets"][0]["failures"])
+    assert status["phase"] == "Cancelled" and status["conditions"][0]["reason"] == "Cancelled"
+    # Files the cancel left out are not failures: none is named, the target is Cancelled.
+    assert status["targets"][0]["failures"] == [] and status["targets"][0]["phase"] == "Cancelled"
     cached = status["targets"][0]["cachedBytes"]
+    assert f"{format_bytes(cached)} of {format_bytes(sum(sizes.values()))} cached" in status["conditions"][0]["message"]
     assert 0 < cached < sum(sizes.values())
 
     _, second = plane.warmup("big", [])  # resumes: cached blocks are not read again

@@ -51,7 +51,7 @@ def test_cached_counts_current_versions_only(datacache_home, tmp_path):
     held = sizes["a.bin"] + sizes["c.bin"]
     assert stored_block_bytes(plane, "ds") == held
     assert status["cacheStates"]["cached"] == format_bytes(held)
-    assert status["cacheStates"]["cachedPercentage"] == f"{100 * held / sum(sizes.values()):.1f}%"
+    assert status["cacheStates"]["cachedPercentage"] == f"{1000 * held // sum(sizes.values()) / 10:.1f}%"
     assert status["phase"] == "Bound" and status["fileNum"] == 4
 
     client = plane.open_dataset("ds")  # 4 blocks held (hits), then 1 not held (a miss)

@@ -40,7 +40,7 @@ def test_status_counts_blocks_on_three_workers_and_delete_drops_them(workers_hom
     states = plane.refresh_status("Dataset", "tri")["cacheStates"]
     total = sum(len(v) for v in files.values())
     assert states["cached"] == format_bytes(held)
-    assert states["cachedPercentage"] == f"{100 * held / total:.1f}%"
+    assert states["cachedPercentage"] == f"{1000 * held // total / 10:.1f}%"
     runtime = plane.refresh_status("CacheRuntime", "tri")
     assert (runtime["phase"], runtime["desiredWorkers"], runtime["readyWorkers"]) == ("Ready", 3, 3)
 

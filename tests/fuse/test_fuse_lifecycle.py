@@ -197,7 +197,8 @@ def test_mount_on_a_regular_file_is_refused_before_any_daemon_starts(fuse_env, t
     for extra in (["--background"], []):  # the CLI's check, and the daemon's own
         r = cli("mount", fuse_env.name, path, *extra, home=fuse_env.home)
         assert r.returncode == 1, r
-        assert r.stderr.strip() == f"error: {path} exists and is not a directory"
+        assert r.stderr.strip() == (f"error: {path} exists and is not a directory: give an empty directory as the "
+                                    "mount point (or a path to create)")
     with open(path) as f:
         assert f.read() == "not a directory"
 

@@ -207,7 +207,7 @@ def test_s3_keys_that_normalise_to_one_path_keep_the_last_and_are_reported(datac
 def test_missing_s3_prefix_is_a_clear_error(datacache_home, s3_bucket, moto_server, moto_secrets):
     fs, bucket = s3_bucket
     fs.pipe(f"{bucket}/other/x", b"x")
-    with pytest.raises(ResourceError, match=rf"mountPoint '{bucket}/absent' does not exist in the UFS"):
+    with pytest.raises(ResourceError, match=rf"mountPoint 's3://{bucket}/absent' does not exist in the UFS"):
         apply_dataset(datacache_home, "nope", [s3_mount(moto_server, bucket, prefix="absent")])
 
 

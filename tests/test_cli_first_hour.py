@@ -1,0 +1,235 @@
+"""What a new user met in the first hour (issue 19), each through the real ``datacache`` command
+(a subprocess): its output, exit status and the status fields it prints."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from support import dataset_yaml, s3_mount
+
+LEVELS = [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi"}]
+
+
+def dc(*args, home, check=False, env=None):
+    proc = subprocess.run([sys.executable, "-m", "datacache", *args], capture_output=True, timeout=120,
+                          env={**os.environ, "DATACACHE_HOME": str(home), **(env or {})})
+    if check:
+        assert proc.returncode == 0, proc.stderr.decode()
+    return proc
+
+
+def local_dataset(tmp_path, home, name: str, files: dict[str, bytes], block_size: str = "64Ki") -> str:
+    """Apply Dataset + CacheRuntime ``name`` over a local directory holding ``files``; returns
+    the source directory."""
+    src = tmp_path / f"{name}-src"
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(dataset_yaml(name, [{"name": "local", "mountPoint": str(src)}], LEVELS, block_size=block_size))
+    dc("apply", "-f", str(path), home=home, check=True)
+    return str(src)
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+# 19.5 -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("background", [True, False], ids=["background", "foreground"])
+def test_a_mount_point_that_cannot_be_made_is_one_line_naming_path_and_fix(background, datacache_home, tmp_path):
+    pytest.importorskip("datacache_fuse", reason="datacache mount needs the 'fuse' extra")
+    src = local_dataset(tmp_path, datacache_home, "photos", {"train.parquet": b"x" * 100})
+    under_file = f"{src}/train.parquet/sub"
+    cases = {
+        under_file: f"error: cannot create mount point {under_file}: {src}/train.parquet is a file, not a "
+                    "directory; give a path under a directory (e.g. /mnt/NAME)\n",
+        "/proc/nonexist/x": "error: cannot create mount point /proc/nonexist/x: No such file or directory: "
+                            "/proc/nonexist; give a path under a directory you can write to (e.g. /mnt/NAME), or "
+                            "create it first\n",
+        f"{src}/train.parquet": f"error: {src}/train.parquet exists and is not a directory: give an empty "
+                                "directory as the mount point (or a path to create)\n",
+    }
+    for mountpoint, expected in cases.items():
+        proc = dc("mount", "photos", mountpoint, *(["--background"] if background else []), home=datacache_home)
+        assert (proc.returncode, proc.stderr.decode(), proc.stdout) == (1, expected, b""), mountpoint
+        assert _processes_naming(mountpoint) == []  # no daemon left behind
+        with open("/proc/mounts") as f:
+            assert mountpoint not in f.read()
+    assert not os.path.exists("/proc/nonexist")
+
+
+# 19.6 -------------------------------------------------------------------------------------------
+def test_cached_percentage_rounds_down_and_is_100_only_when_all_is_cached(datacache_home, tmp_path):
+    from datacache.control.embedded import Embedded
+
+    a, b = os.urandom((64 << 10) + 1), b"0123456789"  # a.bin: a full block and one byte
+    local_dataset(tmp_path, datacache_home, "photos", {"a.bin": a, "b.bin": b})
+    dc("warmup", "-q", "photos", "/a.bin", home=datacache_home, check=True)
+    # 65537 of 65547 bytes: 99.98 %, which one-decimal rounding showed as 100.0%
+    row = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()[1].split()
+    assert row[1:6] == ["64.01KiB", "64.00KiB", "64.00MiB", "99.9%", "Bound"]
+    assert dc("ls", "-l", "photos", home=datacache_home, check=True).stdout.decode().splitlines() == [
+        f"{len(a):>12}   100.0%  a.bin", f"{len(b):>12}     0.0%  b.bin"]
+
+    client = Embedded(str(datacache_home)).open_dataset("photos")  # drop a.bin's one-byte block
+    try:
+        assert client.source.store.delete_prefix(str(client.source.key(client.stat("a.bin"), 1))) == 1
+    finally:
+        client.close()
+    assert dc("ls", "-l", "photos/a.bin", home=datacache_home, check=True).stdout.decode() == \
+        f"{len(a):>12}    99.9%  a.bin\n"  # 65536 of 65537 bytes
+    dc("warmup", "-q", "photos", home=datacache_home, check=True)
+    row = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()[1].split()
+    assert row[1:6] == ["64.01KiB", "64.01KiB", "64.00MiB", "100.0%", "Bound"]
+
+
+# 19.8 -------------------------------------------------------------------------------------------
+def test_a_failed_dataset_shows_its_runtimes_capacity_and_an_unbound_one_none(datacache_home, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text(dataset_yaml("broken", [{"name": "local", "mountPoint": str(tmp_path / "missing")}], LEVELS))
+    assert dc("apply", "-f", str(path), home=datacache_home).returncode == 1  # its first sync fails
+    alone = tmp_path / "alone.yaml"  # a Dataset without a runtime
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "alone" / "x").write_bytes(b"x" * 1000)
+    alone.write_text(dataset_yaml("alone", [{"name": "local", "mountPoint": str(tmp_path / "alone")}],
+                                  LEVELS).split("---")[0])
+    dc("apply", "-f", str(alone), home=datacache_home, check=True)
+    rows = [r.split() for r in dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()]
+    assert rows[0][:8] == ["NAME", "UFS", "TOTAL", "SIZE", "CACHED", "CACHE", "CAPACITY", "CACHED"]
+    by_name = {r[0]: r for r in rows[1:]}
+    assert by_name["broken"][1:6] == ["0B", "-", "64.00MiB", "-", "Failed"]
+    assert by_name["alone"][1:6] == ["1000B", "0B", "-", "0.0%", "NotBound"]
+
+
+# 19.9, 19.10 ------------------------------------------------------------------------------------
+TTY = {"TTY_COMPATIBLE": "1", "COLUMNS": "150"}  # rich draws the bar as on a terminal
+
+
+def test_warmup_bar_rate_is_the_summarys_rate(datacache_home, tmp_path):
+    local_dataset(tmp_path, datacache_home, "photos", {f"{i}.bin": os.urandom(300_000) for i in range(8)})
+    proc = dc("warmup", "photos", home=datacache_home, env=TTY, check=True)
+    # The bar used to count from before the dataset was opened: 3.90 MiB/s against 62.75 MiB/s.
+    [summary_rate] = re.findall(r"loaded from the UFS \(([^)]*)\)", proc.stdout.decode())
+    bar_rates = re.findall(r"([0-9.]+[KMGT]?i?B/s)", proc.stderr.decode())
+    assert bar_rates and bar_rates[-1] == summary_rate, (bar_rates, proc.stdout.decode())
+    assert "2.29MiB of 2.29MiB cached" in proc.stdout.decode()
+
+
+def test_warmup_of_a_failed_dataset_says_why_before_any_bar(datacache_home, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text(dataset_yaml("broken", [{"name": "local", "mountPoint": str(tmp_path / "missing")}], LEVELS))
+    assert dc("apply", "-f", str(path), home=datacache_home).returncode == 1  # its first sync fails: Failed
+    proc = dc("warmup", "broken", home=datacache_home, env=TTY)
+    assert (proc.returncode, proc.stdout) == (1, b"")
+    assert proc.stderr.decode() == (  # no `0/? files` bar before it
+        f"error: dataset 'broken': spec.mounts[0] ('local'): mountPoint '{tmp_path / 'missing'}' does not exist in "
+        "the UFS: fix the mountPoint or create it\n")
+
+
+# 19.12 ------------------------------------------------------------------------------------------
+def test_a_foreground_mount_says_where_it_is_and_how_to_stop_once_it_answers(datacache_home, tmp_path):
+    pytest.importorskip("datacache_fuse", reason="datacache mount needs the 'fuse' extra")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fuse"))
+    from fuse_support import HAVE_FUSE, SKIP_REASON, force_cleanup, is_listed
+
+    if not HAVE_FUSE:
+        pytest.skip(SKIP_REASON)
+    data = os.urandom(100_000)
+    local_dataset(tmp_path, datacache_home, "photos", {"train/a.jpg": data})
+    mountpoint = str(tmp_path / "mnt")
+    proc = subprocess.Popen([sys.executable, "-m", "datacache", "mount", "photos", mountpoint],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "DATACACHE_HOME": str(datacache_home)})
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "the foreground mount printed nothing within 60 s"
+        line = proc.stdout.readline().decode()
+        assert re.fullmatch(rf"mounted default/photos at {re.escape(mountpoint)} \(read-only, (no-open mode|a "
+                            r"file handle per open), cache SSD 64\.00MiB\), Ctrl-C to unmount\n", line), line
+        assert os.listdir(mountpoint) == ["train"]  # it answers as soon as it says so
+        with open(os.path.join(mountpoint, "train", "a.jpg"), "rb") as f:
+            assert f.read() == data
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0 and proc.stdout.read() == b""
+        assert not is_listed(mountpoint)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        force_cleanup(str(datacache_home), mountpoint)
+
+
+# 19.15 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key", ["data", ""], ids=["prefix", "bucket"])
+def test_a_missing_bucket_is_named_as_written_with_its_scheme(key, datacache_home, tmp_path, moto_server,
+                                                              moto_secrets):
+    url = f"s3://no-such-bucket/{key}".rstrip("/")
+    path = tmp_path / "nb.yaml"
+    path.write_text(dataset_yaml("nb", [s3_mount(moto_server, "no-such-bucket", key)], LEVELS))
+    message = (f"dataset 'nb': spec.mounts[0] ('s3'): mountPoint '{url}' does not exist in the UFS: fix the "
+               "mountPoint or create it\n")
+    proc = dc("apply", "-f", str(path), home=datacache_home)
+    assert proc.returncode == 1
+    assert proc.stderr.decode().startswith(f"error: dataset.datacache.io/nb: stored, but failed: {message}hint: ")
+    proc = dc("sync", "nb", home=datacache_home)
+    assert proc.returncode == 1 and proc.stderr.decode() == f"error: {message}"
+
+
+# 19.16 ------------------------------------------------------------------------------------------
+def test_apply_again_after_a_failed_first_sync_is_configured_and_delete_f_undoes_an_apply(datacache_home,
+                                                                                         tmp_path):
+    src = tmp_path / "photos"
+    path = tmp_path / "photos.yaml"
+    path.write_text(dataset_yaml("photos", [{"name": "local", "mountPoint": str(src)}], LEVELS))
+    first = dc("apply", "-f", str(path), home=datacache_home)  # the directory is not there yet
+    assert first.returncode == 1
+    assert first.stdout.decode() == "dataset.datacache.io/photos created\ncacheruntime.datacache.io/photos created\n"
+    assert first.stderr.decode().splitlines()[1] == (
+        f"hint: fix {path} and apply again, or remove what it stored: datacache delete -f {path}")
+
+    src.mkdir()
+    (src / "a.jpg").write_bytes(b"x" * 1000)
+    again = dc("apply", "-f", str(path), home=datacache_home, check=True)  # same file: it syncs now
+    assert again.stdout.decode() == ("dataset.datacache.io/photos configured\n"
+                                     "cacheruntime.datacache.io/photos unchanged\n")
+    row = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()[1].split()
+    assert row[:2] == ["photos", "1000B"] and row[5] == "Bound"
+    assert dc("apply", "-f", str(path), home=datacache_home, check=True).stdout.decode() == (
+        "dataset.datacache.io/photos unchanged\ncacheruntime.datacache.io/photos unchanged\n")
+
+    gone = dc("delete", "-f", str(path), home=datacache_home, check=True)  # one command, as kubectl delete -f
+    assert gone.stdout.decode() == "dataset.datacache.io/photos deleted\ncacheruntime.datacache.io/photos deleted\n"
+    for kind in ("datasets", "cacheruntimes"):
+        listed = dc("get", kind, home=datacache_home, check=True).stdout.decode()
+        assert listed.startswith("No ") and "resources found" in listed
+    assert not os.path.exists(datacache_home / "cache" / "default" / "photos")  # its cache went with it
+
+
+# 18.5 -------------------------------------------------------------------------------------------
+def test_warmup_of_an_empty_source_directory_is_complete_with_nothing_to_load(datacache_home, tmp_path):
+    src = local_dataset(tmp_path, datacache_home, "dlio", {"train/a.npz": b"x" * 5000})
+    os.makedirs(os.path.join(src, "valid", "sub"))  # DLIO generates an empty valid/
+    dc("sync", "dlio", home=datacache_home, check=True)
+    proc = dc("warmup", "-q", "dlio", "/valid", "/train", home=datacache_home)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    lines = proc.stdout.decode().splitlines()
+    assert lines[1:] == ["  /valid: Complete: 0 files, 0B of 0B cached",
+                         "  /train: Complete: 1 file, 4.88KiB of 4.88KiB cached"]
+    missing = dc("warmup", "-q", "dlio", "/nothere", home=datacache_home)  # what was never there still fails
+    assert missing.returncode == 1 and "/nothere: no such file, directory or match" in missing.stdout.decode()
