@@ -144,8 +144,8 @@ def test_readers_waiting_for_the_memory_budget_never_deadlock(datacache_home, tm
 
 
 def test_a_load_ahead_the_budget_had_no_room_for_is_not_held(datacache_home, tmp_path, monkeypatch):
-    """FUSE serves a read of a held block on its event loop: a load ahead that gave up for lack of
-    budget must not count as held, else the loop itself would do the disk or UFS read."""
+    """``holds`` promises a read without I/O: a load ahead that gave up for lack of budget must not
+    count as held (a read of that block goes to the disk or the UFS)."""
     monkeypatch.setattr(readpath, "READAHEAD_BUDGET", MiB)  # a hold needs half the budget free: never here
     src, _ = _cold_files(tmp_path, 1, 8 * MiB)
     data = open(os.path.join(src, "f0.bin"), "rb").read()
