@@ -233,3 +233,28 @@ def test_warmup_of_an_empty_source_directory_is_complete_with_nothing_to_load(da
                          "  /train: Complete: 1 file, 4.88KiB of 4.88KiB cached"]
     missing = dc("warmup", "-q", "dlio", "/nothere", home=datacache_home)  # what was never there still fails
     assert missing.returncode == 1 and "/nothere: no such file, directory or match" in missing.stdout.decode()
+
+
+def test_cached_files_read_without_the_ufs_credentials(datacache_home, tmp_path, moto_server, s3_bucket):
+    """19.11: a reader of cached data needs no UFS secret; an uncached file then fails with one
+    line naming the missing secret (never its value, never a traceback)."""
+    s3, bucket = s3_bucket
+    cached, cold = os.urandom(300_000), os.urandom(5000)
+    s3.pipe(f"{bucket}/cached.bin", cached)
+    s3.pipe(f"{bucket}/cold.bin", cold)
+    path = tmp_path / "creds.yaml"
+    path.write_text(dataset_yaml("creds", [s3_mount(moto_server, bucket)], LEVELS, block_size="64Ki"))
+    secrets = {"DATACACHE_SECRET_MOTO_KEY": "testing", "DATACACHE_SECRET_MOTO_SECRET": "testing"}
+    dc("apply", "-f", str(path), home=datacache_home, check=True, env=secrets)
+    dc("warmup", "-q", "creds", "/cached.bin", home=datacache_home, check=True, env=secrets)
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("DATACACHE_SECRET_")}
+    read = subprocess.run([sys.executable, "-m", "datacache", "cat", "creds/cached.bin"], capture_output=True,
+                          timeout=120, env={**bare, "DATACACHE_HOME": str(datacache_home)})
+    assert read.returncode == 0, read.stderr.decode()
+    assert read.stdout == cached
+    missing = subprocess.run([sys.executable, "-m", "datacache", "cat", "creds/cold.bin"], capture_output=True,
+                             timeout=120, env={**bare, "DATACACHE_HOME": str(datacache_home)})
+    err = missing.stderr.decode()
+    assert missing.returncode == 1 and missing.stdout == b""
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert "moto" in err and "testing" not in err
