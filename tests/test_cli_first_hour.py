@@ -258,3 +258,21 @@ def test_cached_files_read_without_the_ufs_credentials(datacache_home, tmp_path,
     assert missing.returncode == 1 and missing.stdout == b""
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert "moto" in err and "testing" not in err
+
+
+def test_warmup_of_a_file_changed_since_the_sync_loads_its_current_version(datacache_home, tmp_path):
+    """A file rewritten in the UFS after the last sync: warmup re-reads its entry (as a reader's
+    ESTALE does) and caches the current version, instead of failing the same way every run."""
+    old = os.urandom(200_000)
+    src = local_dataset(tmp_path, datacache_home, "changed", {"val/a.bin": old, "val/b.bin": os.urandom(1000)})
+    new = os.urandom(150_000)
+    with open(os.path.join(src, "val", "a.bin"), "r+b") as f:  # in place, as an editor would not
+        f.write(new)
+        f.truncate()
+    run = dc("warmup", "changed", "/val", home=datacache_home)
+    out = run.stdout.decode() + run.stderr.decode()
+    assert run.returncode == 0, out
+    assert "/val: Complete: 2 files" in out
+    assert dc("cat", "changed/val/a.bin", home=datacache_home, check=True).stdout == new
+    listing = dc("ls", "-l", "changed/val", home=datacache_home, check=True).stdout.decode().split("\n")
+    assert listing[0].split() == ["150000", "100.0%", "a.bin"]  # the manifest names the current version
