@@ -274,5 +274,6 @@ def test_warmup_of_a_file_changed_since_the_sync_loads_its_current_version(datac
     assert run.returncode == 0, out
     assert "/val: Complete: 2 files" in out
     assert dc("cat", "changed/val/a.bin", home=datacache_home, check=True).stdout == new
+    assert dc("cat", "datacache://changed/val/a.bin", home=datacache_home, check=True).stdout == new  # a URL too
     listing = dc("ls", "-l", "changed/val", home=datacache_home, check=True).stdout.decode().split("\n")
     assert listing[0].split() == ["150000", "100.0%", "a.bin"]  # the manifest names the current version
