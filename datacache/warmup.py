@@ -29,6 +29,7 @@ from queue import Empty, Full, Queue
 from typing import Callable
 
 from datacache.cache.blocks import block_count
+from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry
 
 _MAX_LISTED = 10
@@ -112,7 +113,9 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
     only when their bytes also pass their checksum (every cached block is read, as ``juicefs
     warmup --check``). Missing or damaged blocks are loaded again.
 
-    Never raises for a bad target or a failed file: they are reported in the result. ``cancel``
+    A file changed in the UFS since the last metadata sync (ESTALE) has its entry re-read, as a
+    reader's does, and its current version is loaded. Never raises for a bad target or a failed
+    file: they are reported in the result. ``cancel``
     (set from another thread or a signal handler) stops the load within ``CANCEL_GRACE_S``
     seconds: no new segment starts, segments in flight get the grace to finish and are then
     abandoned (``WarmupResult.in_flight``). Each block is stored whole or not at all, so what is
@@ -151,10 +154,19 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
     if on_progress is not None:  # the totals are known: a bar can start here
         on_progress(progress)
     ufs_before = client.source.ufs_bytes
-    file_errors, in_flight = _load(client, list(selected.values()), owners, parallel, segment_bytes, progress,
-                                   on_progress, cancel, check)
-    loaded = client.source.ufs_bytes - ufs_before
+    file_errors, stale, in_flight = _load(client, list(selected.values()), owners, parallel, segment_bytes,
+                                          progress, on_progress, cancel, check)
     cancelled = cancel is not None and cancel.is_set()
+    if stale and not cancelled:  # changed in the UFS since the sync: load their current versions
+        fresh = _refresh(client, stale, file_errors)
+        per_target = [[fresh.get(e.path, e) for e in mine] for mine in per_target]
+        more_errors, _, in_flight = _load(client, list(fresh.values()), {p: [] for p in fresh}, parallel,
+                                          segment_bytes, Progress(len(fresh), 0), None, cancel, check)
+        file_errors.update(more_errors)
+        cancelled = cancel is not None and cancel.is_set()
+        for res, mine in zip(results, per_target):
+            res.bytes = sum(e.size for e in mine)
+    loaded = client.source.ufs_bytes - ufs_before
 
     for res, mine in zip(results, per_target):
         if res.failures:
@@ -200,6 +212,25 @@ def _reason(err: Exception) -> str:
     return f"{type(err).__name__}: {getattr(err, 'strerror', None) or err}"
 
 
+def _refresh(client, stale: set[str], errors: dict[str, str]) -> dict[str, FileEntry]:
+    """Re-read the metadata of the ``stale`` files (changed in the UFS since the last sync, as a
+    reader does on ESTALE): returns {dataset path: current entry} of those that still exist, and
+    drops their first error from ``errors``; a file deleted meanwhile keeps a clear error."""
+    fresh = {}
+    for path in sorted(stale):
+        try:
+            entry = client.refresh_file(path)
+        except OSError as err:
+            errors[path] = f"changed in the UFS and could not be re-read: {_reason(err)}"
+            continue
+        if entry is None:
+            errors[path] = "deleted in the UFS since the last metadata sync"
+        else:
+            errors.pop(path, None)
+            fresh[path] = entry
+    return fresh
+
+
 def _segments(entry: FileEntry, block_size: int, segment_bytes: int):
     per = max(segment_bytes // block_size, 1)
     n = block_count(entry.size, block_size)
@@ -208,15 +239,17 @@ def _segments(entry: FileEntry, block_size: int, segment_bytes: int):
 
 
 def _load(client, entries, owners, parallel, segment_bytes, progress, on_progress, cancel,
-          check: bool) -> tuple[dict[str, str], tuple[threading.Thread, ...]]:
+          check: bool) -> tuple[dict[str, str], set[str], tuple[threading.Thread, ...]]:
     """Run all segments, counting each into ``progress`` and the TargetProgress of each target in
-    ``owners[path]``; returns {dataset path: error message} for files that failed, and the
-    segment threads abandoned after a cancel (still running)."""
+    ``owners[path]``; returns {dataset path: error message} for files that failed, the paths of
+    those that failed because the file changed in the UFS (ESTALE), and the segment threads
+    abandoned after a cancel (still running)."""
     source, bs = client.source, client.block_size
     # Few large files would otherwise be a few long GETs on a few connections: cut segments so the
     # whole load has at least ~4 per thread in flight (each still at least one block).
     segment_bytes = min(segment_bytes, max(bs, sum(e.size for e in entries) // (parallel * 4)))
     errors: dict[str, str] = {}
+    stale: set[str] = set()
     remaining = {e.path: block_count(e.size, bs) for e in entries}
     lock = threading.Lock()
     ufs_before = source.ufs_bytes
@@ -231,6 +264,8 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
                 source.fill(entry, first, last, check)
         except Exception as err:  # the file's failure, never the thread's: the load goes on
             errors.setdefault(entry.path, _reason(err))
+            if isinstance(err, StaleFileError):
+                stale.add(entry.path)
         with lock:
             if abandoned:
                 return
@@ -257,7 +292,7 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
         abandoned = True
     if on_progress is not None:
         on_progress(progress)
-    return errors, in_flight
+    return errors, stale, in_flight
 
 
 class _SegmentPool:

@@ -231,3 +231,47 @@ def test_warmup_of_an_empty_source_directory_is_complete_with_nothing_to_load(da
                          "  /train: Complete: 1 file, 4.88KiB of 4.88KiB cached"]
     missing = dc("warmup", "-q", "dlio", "/nothere", home=datacache_home)  # what was never there still fails
     assert missing.returncode == 1 and "/nothere: no such file, directory or match" in missing.stdout.decode()
+
+
+def test_cached_files_read_without_the_ufs_credentials(datacache_home, tmp_path, moto_server, s3_bucket):
+    """19.11: a reader of cached data needs no UFS secret; an uncached file then fails with one
+    line naming the missing secret (never its value, never a traceback)."""
+    s3, bucket = s3_bucket
+    cached, cold = os.urandom(300_000), os.urandom(5000)
+    s3.pipe(f"{bucket}/cached.bin", cached)
+    s3.pipe(f"{bucket}/cold.bin", cold)
+    path = tmp_path / "creds.yaml"
+    path.write_text(dataset_yaml("creds", [s3_mount(moto_server, bucket)], LEVELS, block_size="64Ki"))
+    secrets = {"DATACACHE_SECRET_MOTO_KEY": "testing", "DATACACHE_SECRET_MOTO_SECRET": "testing"}
+    dc("apply", "-f", str(path), home=datacache_home, check=True, env=secrets)
+    dc("warmup", "-q", "creds", "/cached.bin", home=datacache_home, check=True, env=secrets)
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("DATACACHE_SECRET_")}
+    read = subprocess.run([sys.executable, "-m", "datacache", "cat", "creds/cached.bin"], capture_output=True,
+                          timeout=120, env={**bare, "DATACACHE_HOME": str(datacache_home)})
+    assert read.returncode == 0, read.stderr.decode()
+    assert read.stdout == cached
+    missing = subprocess.run([sys.executable, "-m", "datacache", "cat", "creds/cold.bin"], capture_output=True,
+                             timeout=120, env={**bare, "DATACACHE_HOME": str(datacache_home)})
+    err = missing.stderr.decode()
+    assert missing.returncode == 1 and missing.stdout == b""
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert "moto" in err and "testing" not in err
+
+
+def test_warmup_of_a_file_changed_since_the_sync_loads_its_current_version(datacache_home, tmp_path):
+    """A file rewritten in the UFS after the last sync: warmup re-reads its entry (as a reader's
+    ESTALE does) and caches the current version, instead of failing the same way every run."""
+    old = os.urandom(200_000)
+    src = local_dataset(tmp_path, datacache_home, "changed", {"val/a.bin": old, "val/b.bin": os.urandom(1000)})
+    new = os.urandom(150_000)
+    with open(os.path.join(src, "val", "a.bin"), "r+b") as f:  # in place, as an editor would not
+        f.write(new)
+        f.truncate()
+    run = dc("warmup", "changed", "/val", home=datacache_home)
+    out = run.stdout.decode() + run.stderr.decode()
+    assert run.returncode == 0, out
+    assert "/val: Complete: 2 files" in out
+    assert dc("cat", "changed/val/a.bin", home=datacache_home, check=True).stdout == new
+    assert dc("cat", "datacache://changed/val/a.bin", home=datacache_home, check=True).stdout == new  # a URL too
+    listing = dc("ls", "-l", "changed/val", home=datacache_home, check=True).stdout.decode().split("\n")
+    assert listing[0].split() == ["150000", "100.0%", "a.bin"]  # the manifest names the current version

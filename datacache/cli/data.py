@@ -16,8 +16,8 @@ from datacache.cli.resources import control_plane, home_option, namespace_option
 
 
 def split_target(target: str) -> tuple[str, str]:
-    """``DATASET[/path]`` -> ``(dataset, path)``."""
-    dataset, _, path = target.strip("/").partition("/")
+    """``DATASET[/path]`` (or the same as a ``datacache://`` URL) -> ``(dataset, path)``."""
+    dataset, _, path = target.removeprefix("datacache://").strip("/").partition("/")
     if not dataset:
         raise click.BadParameter("give DATASET or DATASET/path", param_hint="TARGET")
     return dataset, path

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -63,20 +64,40 @@ class UnionNamespace:
 
     ``dataset``: a ``datacache.api`` Dataset; ``home``: DATACACHE_HOME for secret files;
     ``opener``: see :data:`MountOpener` (None: each mount's URL through fsspec or its scheme's plugin).
-    Raises ``ResourceError`` for an unresolvable secret, a protocol whose package is missing
-    (fsspec's message names the package to install) or options the filesystem refuses.
+    Without an ``opener`` the mounts are opened on first use (:attr:`mounts`), so a reader whose
+    blocks are all cached needs no UFS credentials and imports no UFS client; a runtime's opener
+    runs at once (it may start the runtime's FUSE command). Opening raises ``ResourceError`` for an
+    unresolvable secret, a protocol whose package is missing (fsspec's message names the package to
+    install) or options the filesystem refuses.
     """
 
     def __init__(self, dataset, home: str, opener: MountOpener | None = None):
         self.name = dataset.metadata.name
         self.secrets: list[str] = []
-        self.mounts: dict[str, UfsMount] = {}
         self.policies = {m.name: policy_from_options(m.options) for m in dataset.spec.mounts}  # retries
         self.mount_points = {m.name: m.mount_point for m in dataset.spec.mounts}  # as written, for messages
-        open_mount = opener or (lambda m, where: self._open_url(m, where, home))
-        for i, m in enumerate(dataset.spec.mounts):
-            fs, root = open_mount(m, f"dataset {self.name!r}: spec.mounts[{i}]")
-            self.mounts[m.name] = UfsMount(m.name, m.path.strip("/"), root.rstrip("/"), fs)
+        self._specs = list(dataset.spec.mounts)
+        self._open_mount = opener or (lambda m, where: self._open_url(m, where, home))
+        self._mounts: dict[str, UfsMount] | None = None
+        self._lock = threading.Lock()
+        if opener is not None:
+            self._opened()  # a runtime's opener runs now
+
+    @property
+    def mounts(self) -> dict[str, UfsMount]:
+        """Mount name -> :class:`UfsMount`, opened on the first use (see the class docstring)."""
+        return self._opened()
+
+    def _opened(self) -> dict[str, UfsMount]:
+        if self._mounts is None:
+            with self._lock:
+                if self._mounts is None:
+                    mounts = {}
+                    for i, m in enumerate(self._specs):
+                        fs, root = self._open_mount(m, f"dataset {self.name!r}: spec.mounts[{i}]")
+                        mounts[m.name] = UfsMount(m.name, m.path.strip("/"), root.rstrip("/"), fs)
+                    self._mounts = mounts
+        return self._mounts
 
     def _open_url(self, m, where: str, home: str) -> tuple[fsspec.AbstractFileSystem, str]:
         if m.scheme not in known_implementations and m.scheme not in registry and m.scheme in plugin_schemes():
