@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from datacache.cli import cluster, controller, crds, data, resources, rundemo
+from datacache.cli import cluster, controller_verbs, crd_verbs, data, resources, rundemo
 from datacache.errors import DatacacheError, describe_error
 from datacache_fuse.cli import mount, unmount
 
@@ -41,8 +41,8 @@ def cli() -> None:
     """datacache: cache datasets close to training, warm them up, read them as files."""
 
 
-for command in (*resources.COMMANDS, *data.COMMANDS, *rundemo.COMMANDS, *cluster.COMMANDS, *crds.COMMANDS,
-                *controller.COMMANDS, mount, unmount):
+for command in (*resources.COMMANDS, *data.COMMANDS, *rundemo.COMMANDS, *cluster.COMMANDS, *crd_verbs.COMMANDS,
+                *controller_verbs.COMMANDS, mount, unmount):
     cli.add_command(command)
 
 
