@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from datacache.cache.blocks import block_count, block_slice
 from datacache.cache.filetier import FileTier, materialize_entry
@@ -38,13 +39,14 @@ class DatasetClient:
     ``readahead`` > 0, open files load their next block in a pool of ``AHEAD_THREADS`` threads
     (see :mod:`datacache.reader`). ``manifest_lock``: callable returning a context manager that
     excludes other processes' manifest writes (a sync's replace) while a refresh loads, edits and
-    saves the stored manifest. ``files``: this node's file tier (complete versions as contiguous
-    files, :meth:`local_file`), or None.
+    saves the stored manifest. ``files``: a callable opening this node's file tier (complete
+    versions as contiguous files, :meth:`local_file`; None when it is off), called on first use so
+    a client that never opens a file (a warmup) creates no file tier; or None.
     """
 
     def __init__(self, name: str, manifest: Manifest, source, ufs, save_manifest=None, readahead: int = 4,
                  load_manifest=None, manifest_path: str | None = None, reload_interval: float | None = 1.0,
-                 manifest_lock=contextlib.nullcontext, files: FileTier | None = None):
+                 manifest_lock=contextlib.nullcontext, files: Callable[[], FileTier | None] | None = None):
         self.name = name
         self._manifest = manifest
         self.generation = 0  # counts changes of the current manifest
@@ -61,7 +63,8 @@ class DatasetClient:
         self._checked = time.monotonic()
         self._listeners: list = []
         self._ahead_pool = None
-        self.files = files
+        self._open_files = files
+        self._files: FileTier | None = None
         self._copying: set[str] = set()  # file ids being copied into the file tier
         self._copy_pool = None
 
@@ -123,6 +126,15 @@ class DatasetClient:
                 if self._ahead_pool is None:
                     self._ahead_pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="datacache-ahead")
         return _RefreshingFile(entry, self)
+
+    @property
+    def files(self) -> FileTier | None:
+        """This node's file tier (opened on first use), or None."""
+        if self._files is None and self._open_files is not None:
+            with self._lock:
+                if self._files is None and self._open_files is not None:
+                    self._files, self._open_files = self._open_files(), None
+        return self._files
 
     def local_file(self, entry: FileEntry) -> int | None:
         """A read-only file descriptor of ``entry``'s version as one complete local file (the file
@@ -258,8 +270,8 @@ class DatasetClient:
         for pool in (self._ahead_pool, self._copy_pool):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)  # before the store closes
-        if self.files is not None:
-            self.files.close()
+        if self._files is not None:
+            self._files.close()
         self.source.close()
 
 

@@ -17,6 +17,7 @@ import pytest
 from datacache.api.quantity import format_bytes
 from datacache.cache.blocks import block_count, block_range
 from datacache.control.embedded import Embedded
+from datacache.control.reconcile import percentage
 from support import dataset_yaml
 from test_cli import dc
 
@@ -81,10 +82,11 @@ def test_deleted_and_truncated_block_files_are_not_counted_and_warmup_reloads_th
 
     status = _status(datacache_home)
     assert status["cacheStates"]["cached"] == format_bytes(total - lost)
-    assert status["cacheStates"]["cachedPercentage"] == f"{100 * (total - lost) / total:.1f}%"
+    assert status["cacheStates"]["cachedPercentage"] == percentage(total - lost, total)
     table = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()
     assert table[1].split()[2] == format_bytes(total - lost)
-    assert _ls(datacache_home) == {"a.bin": "80.0%", "b.bin": "80.0%", "c.bin": "80.0%"}
+    lost_of = {f: sum(blocks[key][1] for key in [*deleted, truncated] if key[0] == f) for f in SIZES}
+    assert _ls(datacache_home) == {f.rsplit("/", 1)[-1]: percentage(size - lost_of[f], size) for f, size in SIZES.items()}
 
     out = dc("warmup", "-q", "truth", home=datacache_home, check=True).stdout.decode()
     assert "Complete in" in out and f"{format_bytes(lost)} loaded from the UFS" in out

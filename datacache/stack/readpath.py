@@ -13,6 +13,7 @@ embedded supervisor) and ``sync(name, namespace)`` (list a dataset that has no m
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -189,4 +190,4 @@ class ReadPath:
         return DatasetClient(name, manifest, source, ufs, save, readahead=runtime.spec.fuse.read_ahead_blocks,
                              load_manifest=lambda: self.load_manifest(ds), manifest_path=path,
                              manifest_lock=lambda: syncmark.manifest_write(directory),
-                             files=self.file_tier(runtime))
+                             files=functools.partial(self.file_tier, runtime))

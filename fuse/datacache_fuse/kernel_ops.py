@@ -44,7 +44,7 @@ Rules, and why:
   the whole daemon (the block source's ``MemoryBudget``), not per handle. A read is answered with
   a view of the block, not a copy.
 - **Directory listings** answer READDIRPLUS: each entry the kernel took counts as a lookup.
-- **Errors** (:mod:`datacache_fuse.kernel.errors`): ENOENT for missing paths, ESTALE for an inode
+- **Errors** (:mod:`datacache_fuse.kernel.errnos`): ENOENT for missing paths, ESTALE for an inode
   whose version is no longer current, EIO only for real read failures. A read that failed is not
   retried against the UFS for ``RETRY_WINDOW`` seconds when the kernel asks again for the same
   range (it retries a failed read-ahead page by page), so an outage costs the reader one round of
@@ -67,7 +67,7 @@ from collections import OrderedDict
 
 from datacache_fuse.changes import stale_names
 from datacache_fuse.inodes import InodeTable
-from datacache_fuse.kernel.errors import errno_of
+from datacache_fuse.kernel.errnos import errno_of
 from datacache_fuse.kernel.operations import (AddEntry, AddEntryPlus, Attr, DirEntry, EntryOut, OpenOut, Operations,
                                               Request, StatFs)
 from datacache_fuse.handles import INODE_READERS, Handle

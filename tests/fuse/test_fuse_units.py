@@ -10,7 +10,7 @@ import pytest
 from datacache.errors import StaleFileError, UFSUnavailableError
 from datacache import mountinfo
 from datacache_fuse.daemon import mount_options
-from datacache_fuse.kernel.errors import errno_of
+from datacache_fuse.kernel.errnos import errno_of
 from datacache_fuse.inodes import ROOT, InodeTable
 
 

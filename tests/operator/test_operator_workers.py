@@ -23,7 +23,7 @@ from datacache.cache.memory import MemoryTier
 from datacache.cache.tiered import TieredStore
 from datacache.cluster.metrics import WorkerMetrics as MetricsPage
 from datacache.control import reconcile
-from datacache_operator import manifests, observe
+from datacache_operator import manifests, worker_reports
 from datacache_operator.settings import CONFIG_DIR, Settings
 from test_operator_kmock import NS, UID, _get, _wait, cluster, run_operator  # noqa: F401  (the fixture)
 
@@ -208,7 +208,7 @@ def test_runtime_status_from_tier_gauges(tmp_path):
         worker = SimpleNamespace(store=store, source=SimpleNamespace(ufs_bytes=0), peer_bytes=0)
         pages[name] = MetricsPage(worker).render().decode()
         store.close()
-    entries = [observe.status_entry(observe.parse(text, name)) for name, text in pages.items()]
+    entries = [worker_reports.status_entry(worker_reports.parse(text, name)) for name, text in pages.items()]
     assert [e["unhealthyTiers"] for e in entries] == [[], [{"medium": "HDD", "path": str(tmp_path / "file" / "tier")}]]
     status = reconcile.runtime_status(2, entries)
     assert status["phase"] == "Ready" and status["conditions"][0]["type"] == "Ready"

@@ -3,7 +3,7 @@
 Pure Python, no build step; read-only; kernel passthrough for files held in a local file.
 
 - :mod:`.abi`         — opcodes, flags and struct layouts of the kernel protocol (7.45);
-- :mod:`.errors`      — Python exceptions to errno values, in one table;
+- :mod:`.errnos`      — Python exceptions to errno values, in one table;
 - :mod:`.operations`  — the interface a file system implements (synchronous methods) and its
   answer types (``Attr``, ``EntryOut``, ``OpenOut``, ``StatFs``, ``DirEntry``);
 - :mod:`.passthrough` — backing ids (``FUSE_DEV_IOC_BACKING_*``), one per backing file, and when

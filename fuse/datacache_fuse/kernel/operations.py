@@ -3,7 +3,7 @@
 The session calls these methods from its worker threads (several at once: a handler that keeps
 state guards it), with the request's arguments already decoded. A handler answers an error by
 raising ``OSError`` with an errno (``OSError(errno.ENOENT, "...")``; ``FileNotFoundError`` and
-friends without an errno are mapped by type, see :mod:`.errors`); anything else is logged and
+friends without an errno are mapped by type, see :mod:`.errnos`); anything else is logged and
 answered EIO, and the session keeps serving.
 
 Units everywhere: inode numbers and handles are unsigned 64-bit ints (``ROOT_ID`` = 1 is the

@@ -15,7 +15,7 @@ go-fuse's ``fuse/server.go`` (one struct per opcode, a read buffer per reader).
   read them) into a preallocated buffer with a blocking ``readv`` (the GIL is released while
   waiting). Replies are written with ``writev`` (header and payload, not joined).
 - **Answers**: handlers come from one table, opcode -> method. Every request that would write
-  answers EROFS, unknown ones ENOSYS; errors become errnos in :mod:`.errors`; an unexpected
+  answers EROFS, unknown ones ENOSYS; errors become errnos in :mod:`.errnos`; an unexpected
   exception is logged and answered EIO. FORGET, BATCH_FORGET and INTERRUPT get no reply (the
   handlers are synchronous and short, so an interrupt needs no action).
 - **End**: the workers end when the kernel ends the connection (unmount: reads fail with ENODEV)
@@ -42,7 +42,7 @@ from typing import Callable
 
 from datacache_fuse.kernel import abi
 from datacache_fuse.kernel.abi import InitFlag, Op, OpenFlag
-from datacache_fuse.kernel.errors import errno_of
+from datacache_fuse.kernel.errnos import errno_of
 from datacache_fuse.kernel.operations import (Attr, DirEntry, EntryOut, OpenOut, Operations, Request,
                                               dirent_type)
 from datacache_fuse.kernel.passthrough import BackingFiles
