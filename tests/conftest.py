@@ -6,6 +6,7 @@ the demo and benchmarks share one definition.
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -14,6 +15,8 @@ from datacache.demo.s3server import MotoServer
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # FUSE daemons started by this process's tests end with it, even when the run is killed (19.17).
+    os.environ["DATACACHE_FUSE_WATCH_PID"] = str(os.getpid())
     config.addinivalue_line("markers", "slow: long-running test (deselect with -m 'not slow')")
 
 

@@ -41,6 +41,7 @@ log = logging.getLogger("datacache_fuse")
 
 READ_AHEAD_KIB = 1024  # bdi read_ahead_kb: 1 MiB kernel read requests
 WORKERS = 16  # threads serving requests, per daemon
+WATCH_PID_ENV = "DATACACHE_FUSE_WATCH_PID"  # a harness's pid: its exit ends the daemon (test runners set it)
 
 
 class MountError(Exception):
@@ -138,6 +139,17 @@ def setup_logging(path: str, debug: bool = False, stderr: bool = True) -> None:
     logging.getLogger("datacache_fuse").setLevel(logging.DEBUG if debug else logging.INFO)
 
 
+def _watched_pid() -> int | None:
+    """The pid in ``$DATACACHE_FUSE_WATCH_PID``, whose exit ends the daemon (unmounting), or None.
+    Raises :class:`MountError` for a value that is not a pid."""
+    value = os.environ.get(WATCH_PID_ENV)
+    if not value:
+        return None
+    if not value.isdigit():
+        raise MountError(f"{WATCH_PID_ENV}={value!r} is not a process id: unset it or give a pid")
+    return int(value)
+
+
 def _same_file(stream, path: str) -> bool:
     try:
         a, b = os.fstat(stream.fileno()), os.stat(path)
@@ -211,8 +223,11 @@ def make_mountpoint(mountpoint: str) -> None:
     """Create ``mountpoint`` (with its parents) unless it is a directory already.
     Raises :class:`MountError` in one line naming the path in the way and the fix: a path under
     a regular file, a directory that cannot be made (``/proc``, read-only, no permission)."""
+    existed = os.path.isdir(mountpoint)
     try:
-        os.makedirs(mountpoint, exist_ok=True)
+        os.makedirs(mountpoint, mode=0o700, exist_ok=True)
+        if not existed:
+            os.chmod(mountpoint, 0o700)  # whatever the umask: only its owner sees it unmounted
     except OSError as err:
         blocker = _first_non_directory(mountpoint)
         if blocker == mountpoint:
@@ -296,7 +311,8 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
     ``default_permissions``, ``fsname``, ``subtype``, ``allow_other``) go to the kernel as they
     are. ``handles``: an OPEN per file, passed through when the file tier holds it; ``mounted``:
     called with the mode (``"no-open mode"``, ``"a file handle per open"``) once the mount
-    answers."""
+    answers. With ``$DATACACHE_FUSE_WATCH_PID`` set, the exit of that process unmounts and ends
+    the daemon too (a killed test runner leaves no mount behind, issue 19.17)."""
     from datacache_fuse.kernel.mount import FuseMountError
     from datacache_fuse.kernel.server import FuseServer
     from datacache_fuse.kernel_ops import DatasetOperations
@@ -316,6 +332,7 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    watched = _watched_pid()
     try:
         session = server.start()
     except FuseMountError as err:
@@ -334,7 +351,9 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
                  ",".join(extra) or "-")
         mounted(mode)
         while not session.wait(0.2) and not stop.is_set():
-            pass
+            if watched is not None and not _alive(watched):
+                signalled.append(f"exit of process {watched} ({WATCH_PID_ENV})")
+                break
         if signalled:
             log.info("%s received: unmounting", signalled[0])
         else:

@@ -287,3 +287,53 @@ def _assert_no_secret_in_logs(home: str) -> None:
 def test_logs_name_no_secrets(fuse_env, mnt):
     assert sorted(os.listdir(mnt)) == ["local", "s3"]
     _assert_no_secret_in_logs(fuse_env.home)
+
+
+def test_a_killed_harness_leaves_no_mount_behind(fuse_env, mountpoint):
+    """19.17: a daemon started under $DATACACHE_FUSE_WATCH_PID (the test runner's pid, set in
+    tests/conftest.py) unmounts and exits when that process dies, even by SIGKILL."""
+    harness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    env = {**os.environ, "DATACACHE_FUSE_WATCH_PID": str(harness.pid)}
+    started = subprocess.run([sys.executable, "-m", "datacache_fuse", "mount", fuse_env.name, mountpoint,
+                              "--background", "--home", fuse_env.home], env=env, stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=90)
+    pid = None
+    try:
+        assert started.returncode == 0, started.stderr
+        pid = daemon_pid(fuse_env.home, mountpoint)
+        assert pid and is_listed(mountpoint)
+        harness.kill()
+        harness.wait()
+        wait_until(lambda: not is_listed(mountpoint) and not _alive(pid), 10, "the mount to go with its harness")
+        assert probe(mountpoint) is MountState.NONE
+    finally:
+        harness.kill()
+        force_cleanup(fuse_env.home, mountpoint, pid)
+
+
+def test_a_watch_pid_that_is_not_a_pid_is_refused_before_mounting(fuse_env, mountpoint):
+    env = {**os.environ, "DATACACHE_FUSE_WATCH_PID": "runner"}
+    r = subprocess.run([sys.executable, "-m", "datacache_fuse", "mount", fuse_env.name, mountpoint, "--home",
+                        fuse_env.home], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=90)
+    try:
+        assert r.returncode == 1 and "DATACACHE_FUSE_WATCH_PID='runner' is not a process id" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and not is_listed(mountpoint)
+    finally:
+        force_cleanup(fuse_env.home, mountpoint)
+
+
+def test_a_missing_mount_point_is_created_private(fuse_env, mountpoint):
+    """The README's promise: a missing DIR is created with mode 0700, whatever the umask."""
+    target = os.path.join(mountpoint, "made", "here")
+    old = os.umask(0o022)
+    try:
+        pid = mount(fuse_env, target)
+    finally:
+        os.umask(old)
+    try:
+        assert is_listed(target)
+    finally:
+        assert cli("unmount", target, home=fuse_env.home).returncode == 0
+        force_cleanup(fuse_env.home, target, pid)
+    assert os.stat(target).st_mode & 0o777 == 0o700
