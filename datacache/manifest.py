@@ -263,6 +263,11 @@ class Manifest:
         """Sum of file sizes in bytes (ufsTotal)."""
         return pc.sum(self.table.column("size")).as_py() or 0
 
+    def bytes_in_files_over(self, size: int) -> int:
+        """Sum of the sizes (bytes) of the files larger than ``size`` bytes."""
+        sizes = self.table.column("size")
+        return pc.sum(pc.if_else(pc.greater(sizes, size), sizes, 0)).as_py() or 0
+
     # -- sorted-path search ----------------------------------------------------------------------
     def _lower_bound(self, key: str) -> int:
         """Index of the first row whose path is >= ``key`` (``file_num`` if none)."""

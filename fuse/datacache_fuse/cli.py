@@ -19,6 +19,9 @@ from datacache_fuse.launcher import unmount as _unmount
 from datacache.mountinfo import MountState
 
 
+_NO_OPEN = {"auto": None, "passthrough": False, "no-open": True}  # --read-mode -> serve(no_open=)
+
+
 def _home(home: str | None) -> str:
     from datacache.state import default_home
 
@@ -67,13 +70,14 @@ def _check_dataset(home: str, dataset: str, namespace: str) -> None:
 @click.option("--debug", is_flag=True, help="Log every FUSE request (to the log file and stderr).")
 @click.option("--allow-nonempty", is_flag=True,
               help="Mount over a directory that has entries (they are hidden while mounted).")
-@click.option("--open-handles", is_flag=True,
-              help="Answer every open with a file handle (an OPEN and a RELEASE request per file) "
-                   "instead of the kernel's no-open mode; file-tier files are then passed through "
-                   "to the kernel (reads never reach the daemon).")
+@click.option("--read-mode", type=click.Choice(["auto", "passthrough", "no-open"]), default="auto", show_default=True,
+              help="passthrough: a file handle per open, complete files passed through to the kernel (reads "
+                   "never reach the daemon); no-open: the kernel opens files without asking the daemon (a warm "
+                   "small-file epoch costs it nothing); auto: passthrough when files over one block hold at "
+                   "least half of the dataset's bytes.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="With --background: seconds to wait for the mount to answer.")
-def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, allow_nonempty, open_handles,
+def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, allow_nonempty, read_mode,
           timeout):
     """Mount DATASET read-only at MOUNTPOINT through FUSE.
 
@@ -96,7 +100,7 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
                     check_empty(mountpoint)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
                                debug=debug, restart=restart, allow_nonempty=allow_nonempty,
-                               open_handles=open_handles)
+                               read_mode=read_mode)
             pid = start_background(argv, mountpoint, logfile, timeout)
             what = "supervisor" if restart else "daemon"
             click.echo(f"mounted {namespace}/{dataset} at {mountpoint} ({what} pid {pid}, log {logfile})")
@@ -105,11 +109,11 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
 
             setup_logging(logfile, debug=debug)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                               allow_nonempty=allow_nonempty, open_handles=open_handles)
+                               allow_nonempty=allow_nonempty, read_mode=read_mode)
             raise SystemExit(supervise(argv, mountpoint))
         else:
             serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                  allow_nonempty=allow_nonempty, no_open=False if open_handles else None, announce=click.echo)
+                  allow_nonempty=allow_nonempty, no_open=_NO_OPEN[read_mode], announce=click.echo)
     except _user_errors() as err:
         raise _UserError(str(err)) from None
 

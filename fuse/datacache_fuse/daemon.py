@@ -139,6 +139,19 @@ def setup_logging(path: str, debug: bool = False, stderr: bool = True) -> None:
     logging.getLogger("datacache_fuse").setLevel(logging.DEBUG if debug else logging.INFO)
 
 
+def choose_read_mode(client) -> tuple[bool, str]:
+    """``(handles, why)`` for a dataset (a DatasetClient): a file handle per open, with complete
+    file versions passed through to the kernel, when files of more than one block hold at least
+    half of its bytes (large files: reads at the local disk's speed, an OPEN per file costs
+    little); else the no-open mode (trees of small files: a warm epoch never reaches the daemon,
+    an OPEN per file would cost more than it saves)."""
+    manifest, bs = client.manifest, client.block_size
+    total = manifest.total_size
+    large = manifest.bytes_in_files_over(bs)
+    share = f"{100 * large // total if total else 0}% of {format_bytes(total)} in files over one block"
+    return (total > 0 and 2 * large >= total), share
+
+
 def _watched_pid() -> int | None:
     """The pid in ``$DATACACHE_FUSE_WATCH_PID``, whose exit ends the daemon (unmounting), or None.
     Raises :class:`MountError` for a value that is not a pid."""
@@ -261,8 +274,9 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
     mount options; ``read_ahead_kib``: the bdi read-ahead (KiB, 0 leaves the kernel's default);
     ``workers``: threads serving requests; ``allow_nonempty``: mount over a directory
-    with entries; ``no_open``: the kernel's no-open mode (None or True; default), or False for a
-    file handle per open, with file-tier files passed through to the kernel
+    with entries; ``no_open``: True for the kernel's no-open mode, False for a file handle per
+    open with file-tier files passed through to the kernel, None to choose by what the dataset
+    holds (:func:`choose_read_mode`, logged)
     (handlers in :mod:`.kernel_ops`, transport in :mod:`datacache_fuse.kernel`); ``announce``:
     called once the kernel's INIT came (the mount answers) with one line for the user,
     ``mounted NS/DATASET at PATH (read-only, mode, cache levels), Ctrl-C to unmount``.
@@ -295,8 +309,10 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
                 announce(f"mounted {namespace}/{dataset} at {mountpoint} (read-only, {mode}, cache {cache}), "
                          "Ctrl-C to unmount")
 
+        handles, why = (no_open is False, "as asked") if no_open is not None else choose_read_mode(client)
+        log.info("read mode: %s (%s)", "passthrough" if handles else "no-open", why)
         _serve(client, namespace, dataset, mountpoint, opts, home, logfile, attr_timeout=fuse_spec.attr_timeout,
-               workers=workers, read_ahead_kib=read_ahead_kib, handles=no_open is False, mounted=mounted)
+               workers=workers, read_ahead_kib=read_ahead_kib, handles=handles, mounted=mounted)
     finally:
         if client is not None:
             client.close()

@@ -30,7 +30,7 @@ Rules, and why:
   nothing. Reads carry the inode and file handle 0; an inode stands for one version, so the
   version pin of case C3 holds. A read that answers ESTALE first invalidates the file's directory
   entry, so the caller's next ``open`` looks the path up again.
-- **Handles and passthrough (``--open-handles``).** Each ``open`` gets a handle and ``release``
+- **Handles and passthrough (``--read-mode passthrough``).** Each ``open`` gets a handle and ``release``
   drops it. An OPEN of a version the file tier holds as one complete local file
   (``DatasetClient.local_file``) names that file, and the kernel reads it directly: no READ
   reaches the daemon for that handle. Other versions are served through READ (and ``local_file``

@@ -34,7 +34,7 @@ log = logging.getLogger("datacache_fuse")
 
 def daemon_argv(dataset: str, mountpoint: str, *, namespace: str, home: str, options=(),
                 debug: bool = False, restart: bool = False, allow_nonempty: bool = False,
-                open_handles: bool = False) -> list[str]:
+                read_mode: str = "auto") -> list[str]:
     """The command line of a foreground daemon (or, with ``restart``, of a supervisor)."""
     argv = [sys.executable, "-m", "datacache_fuse", "mount", dataset, mountpoint,
             "--namespace", namespace, "--home", home]
@@ -44,8 +44,7 @@ def daemon_argv(dataset: str, mountpoint: str, *, namespace: str, home: str, opt
         argv.append("--debug")
     if allow_nonempty:
         argv.append("--allow-nonempty")
-    if open_handles:
-        argv.append("--open-handles")
+    argv += ["--read-mode", read_mode]
     if restart:
         argv.append("--restart")
     return argv

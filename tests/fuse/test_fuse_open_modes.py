@@ -1,5 +1,5 @@
 """The two ways a file is opened: the kernel's no-open mode (the default) and a file handle per
-open (``--open-handles``), which passes file-tier files through to the kernel.
+open (``--read-mode passthrough``), which passes file-tier files through to the kernel.
 
 Each FUSE request the daemon serves is one read of /dev/fuse, so the daemon's ``syscr`` in
 /proc/PID/io counts requests: re-opening page-cached files must cost nothing in no-open mode and
@@ -67,7 +67,7 @@ def test_more_requests_at_once_than_the_daemon_has_workers_all_answered(fuse_env
         force_cleanup(fuse_env.home, mountpoint, pid)
 
 
-@pytest.mark.parametrize("mode, extra", [("no-open", ()), ("handles", ("--open-handles",))])
+@pytest.mark.parametrize("mode, extra", [("no-open", ("--read-mode", "no-open")), ("handles", ("--read-mode", "passthrough"))])
 def test_warm_reopens_cost_the_daemon_no_request_only_in_no_open_mode(fuse_env, mountpoint, mode, extra):
     files = sorted(p for p in fuse_env.shared_files if p.startswith("s3/small/"))
     assert len(files) >= 10
@@ -135,10 +135,10 @@ def test_no_open_mode_reads_many_files_at_once_past_the_kept_readers(fuse_env, f
 
 
 def test_open_handles_pass_file_tier_files_through(fuse_env, mountpoint):
-    """``--open-handles``: the first read of a multi-block file goes through READ and puts the
+    """``--read-mode passthrough``: the first read of a multi-block file goes through READ and puts the
     complete version into the file tier; a later open is answered with FOPEN_PASSTHROUGH onto
     that file (the daemon's log counts it) and reads the same bytes."""
-    pid = mount(fuse_env, mountpoint, "--open-handles")
+    pid = mount(fuse_env, mountpoint, "--read-mode", "passthrough")
     log = read_state(fuse_env.home, mountpoint)["log"]
     path, want = os.path.join(mountpoint, "local/big.bin"), fuse_env.expected["local/big.bin"]
     try:
@@ -158,3 +158,29 @@ def test_open_handles_pass_file_tier_files_through(fuse_env, mountpoint):
     with open(log, encoding="utf-8") as f:
         ended = [line for line in f if "opens passed through" in line][-1]
     assert int(ended.rsplit(":", 1)[1]) >= 1, ended
+
+
+def test_auto_read_mode_follows_what_the_dataset_holds(fuse_env, mountpoint):
+    """``--read-mode auto`` (the default): the shared dataset's bytes are mostly in multi-block
+    files, so it mounts in passthrough mode and the log says so and why; the choice is the rule
+    computed from the manifest (files over one block hold at least half of the bytes)."""
+    from datacache_fuse.daemon import choose_read_mode
+    from datacache.control.embedded import read_path
+
+    pid = mount(fuse_env, mountpoint)
+    try:
+        assert "read mode: passthrough (" in _log(fuse_env.home, mountpoint)
+        assert ", a file handle per open," in _log(fuse_env.home, mountpoint)
+    finally:
+        assert cli("unmount", mountpoint, home=fuse_env.home).returncode == 0
+        force_cleanup(fuse_env.home, mountpoint, pid)
+    paths = read_path(fuse_env.home)
+    client = paths.open_dataset(fuse_env.name)
+    try:
+        handles, why = choose_read_mode(client)
+        total = client.manifest.total_size
+        large = sum(e.size for e in client.manifest if e.size > client.block_size)
+        assert handles == (2 * large >= total) and why.startswith(f"{100 * large // total}% of ")
+    finally:
+        client.close()
+        paths.close()

@@ -76,7 +76,8 @@ def tree(tmp_path_factory):
     os.setxattr(os.path.join(root, "one.bin"), "user.long", b"v" * 300)
     yield root, digests
     base = str(tmp_path_factory.getbasetemp())
-    leftovers = [m.mountpoint for m in mountinfo.mounts() if m.mountpoint.startswith(base)]
+    leftovers = [m.mountpoint for m in mountinfo.mounts()  # this module's mounts (fsname "datacache"), not
+                 if m.mountpoint.startswith(base) and m.source == "datacache"]  # other modules' dataset mounts
     assert not leftovers, f"FUSE mounts left behind: {leftovers}"
 
 
