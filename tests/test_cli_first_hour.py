@@ -13,16 +13,9 @@ import sys
 import pytest
 
 from support import dataset_yaml, s3_mount
+from test_cli import dc
 
 LEVELS = [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi"}]
-
-
-def dc(*args, home, check=False, env=None):
-    proc = subprocess.run([sys.executable, "-m", "datacache", *args], capture_output=True, timeout=120,
-                          env={**os.environ, "DATACACHE_HOME": str(home), **(env or {})})
-    if check:
-        assert proc.returncode == 0, proc.stderr.decode()
-    return proc
 
 
 def local_dataset(tmp_path, home, name: str, files: dict[str, bytes], block_size: str = "64Ki") -> str:
