@@ -73,8 +73,8 @@ def _check_dataset(home: str, dataset: str, namespace: str) -> None:
 @click.option("--read-mode", type=click.Choice(["auto", "passthrough", "no-open"]), default="auto", show_default=True,
               help="passthrough: a file handle per open, complete files passed through to the kernel (reads "
                    "never reach the daemon); no-open: the kernel opens files without asking the daemon (a warm "
-                   "small-file epoch costs it nothing); auto: passthrough when files over one block hold at "
-                   "least half of the dataset's bytes.")
+                   "small-file epoch costs it nothing); auto: passthrough when files over 4 MiB (and one "
+                   "block) hold at least half of the dataset's bytes.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="With --background: seconds to wait for the mount to answer.")
 def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, allow_nonempty, read_mode,

@@ -41,6 +41,7 @@ log = logging.getLogger("datacache_fuse")
 
 READ_AHEAD_KIB = 1024  # bdi read_ahead_kb: 1 MiB kernel read requests
 WORKERS = 16  # threads serving requests, per daemon
+PASSTHROUGH_MIN_BYTES = 4 << 20  # files from this size on count as large when choosing the read mode
 WATCH_PID_ENV = "DATACACHE_FUSE_WATCH_PID"  # a harness's pid: its exit ends the daemon (test runners set it)
 
 
@@ -141,14 +142,15 @@ def setup_logging(path: str, debug: bool = False, stderr: bool = True) -> None:
 
 def choose_read_mode(client) -> tuple[bool, str]:
     """``(handles, why)`` for a dataset (a DatasetClient): a file handle per open, with complete
-    file versions passed through to the kernel, when files of more than one block hold at least
-    half of its bytes (large files: reads at the local disk's speed, an OPEN per file costs
-    little); else the no-open mode (trees of small files: a warm epoch never reaches the daemon,
-    an OPEN per file would cost more than it saves)."""
-    manifest, bs = client.manifest, client.block_size
+    file versions passed through to the kernel, when files larger than
+    ``max(PASSTHROUGH_MIN_BYTES, block size)`` hold at least half of its bytes (large files: reads
+    at the local disk's speed, the three round trips of an OPEN cost little next to them); else the
+    no-open mode (trees of small files: a warm epoch never reaches the daemon)."""
+    manifest = client.manifest
+    large_from = max(PASSTHROUGH_MIN_BYTES, client.block_size)
     total = manifest.total_size
-    large = manifest.bytes_in_files_over(bs)
-    share = f"{100 * large // total if total else 0}% of {format_bytes(total)} in files over one block"
+    large = manifest.bytes_in_files_over(large_from)
+    share = f"{100 * large // total if total else 0}% of {format_bytes(total)} in files over {format_bytes(large_from)}"
     return (total > 0 and 2 * large >= total), share
 
 

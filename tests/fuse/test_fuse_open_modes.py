@@ -163,7 +163,7 @@ def test_open_handles_pass_file_tier_files_through(fuse_env, mountpoint):
 def test_auto_read_mode_follows_what_the_dataset_holds(fuse_env, mountpoint):
     """``--read-mode auto`` (the default): the shared dataset's bytes are mostly in multi-block
     files, so it mounts in passthrough mode and the log says so and why; the choice is the rule
-    computed from the manifest (files over one block hold at least half of the bytes)."""
+    computed from the manifest (files over 4 MiB and one block hold at least half of the bytes)."""
     from datacache_fuse.daemon import choose_read_mode
     from datacache.control.embedded import read_path
 
@@ -179,7 +179,8 @@ def test_auto_read_mode_follows_what_the_dataset_holds(fuse_env, mountpoint):
     try:
         handles, why = choose_read_mode(client)
         total = client.manifest.total_size
-        large = sum(e.size for e in client.manifest if e.size > client.block_size)
+        large_from = max(4 << 20, client.block_size)
+        large = sum(e.size for e in client.manifest if e.size > large_from)
         assert handles == (2 * large >= total) and why.startswith(f"{100 * large // total}% of ")
     finally:
         client.close()
