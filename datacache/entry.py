@@ -1,5 +1,6 @@
 """FileEntry: one file of a dataset's namespace at one version, as a UFS listing reports it and
-the manifest stores it; SkippedLink: a symbolic link a listing left out."""
+the manifest stores it; SkippedLink: a symbolic link a listing left out; Unproven: bytes read of a
+file that cannot be proven to be one version."""
 
 from __future__ import annotations
 
@@ -28,3 +29,9 @@ class SkippedLink:
     path: str
     mount: str
     ufs_path: str
+
+
+class Unproven(bytes):
+    """Bytes of one UFS read that cannot be proven to belong to one version (a local file open for
+    writing by another process while it was read, see ``ufs.versions``): right to return to the
+    reader, as a direct read would, never to be cached."""

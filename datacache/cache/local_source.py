@@ -6,7 +6,8 @@ Reader, DatasetClient and warmup use; the runtime's cache workers keep it too
 (``datacache.cluster.worker_source``). Fills are single-flight: concurrent requests of one missing block
 share one UFS read, threads of a process through a future per block, processes sharing the cache
 directory through a per-block file lock (:mod:`datacache.cache.filllock`; a waiter re-checks the
-cache and reads the block filled meanwhile). Every fill holds its bytes against one shared
+cache and reads the block filled meanwhile). Bytes the UFS cannot prove to be one version
+(:class:`~datacache.entry.Unproven`) are returned to a demand read but never stored. Every fill holds its bytes against one shared
 :class:`~datacache.cache.budget.MemoryBudget`, taken before the file lock, so read-ahead and
 warmup cannot grow memory past it and no process waits for memory holding a lock.
 """
@@ -24,6 +25,7 @@ from datacache.cache.budget import MemoryBudget
 from datacache.cache.filllock import FillLocks
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
+from datacache.entry import Unproven
 from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry
 
@@ -84,8 +86,9 @@ class LocalBlockSource:
         """Warmup: make blocks ``first..last`` (inclusive) cached with one UFS read of the missing
         span. A block counts as cached when its file is there at its size, or with ``check`` when
         its bytes pass their checksum (each is read; ``juicefs warmup --check``); a missing or
-        damaged one is loaded again. Returns the bytes newly stored; raises the UFS's error, or
-        ``OSError(ENOSPC)`` when the store cannot keep a block."""
+        damaged one is loaded again. Returns the bytes newly stored; raises the UFS's error,
+        ``OSError(ENOSPC)`` when the store cannot keep a block, or ``OSError(EBUSY)`` when the
+        bytes cannot be proven one version (another process has the local file open for writing)."""
         held = self.store.verify if check else self.store.__contains__
         missing = [i for i in range(first, last + 1) if not held(str(self.key(entry, i)))]
         if not missing:
@@ -106,6 +109,9 @@ class LocalBlockSource:
         start = block_range(missing[0], entry.size, self.block_size)[0]
         end = block_range(missing[-1], entry.size, self.block_size)[1]
         data = self._read_ufs(entry, start, end)
+        if isinstance(data, Unproven):
+            raise OSError(errno.EBUSY, "another process has the file open for writing: it is cached once it is "
+                                       "closed (warm it up again then)", entry.path)
         stored = 0
         for i in missing:
             b0, b1 = block_range(i, entry.size, self.block_size)
@@ -149,7 +155,8 @@ class LocalBlockSource:
                 if data is None:
                     start, end = block_range(index, entry.size, self.block_size)
                     data = self._read_ufs(entry, start, end)
-                    self.store.put(key, data)  # a block that cannot be kept is still returned
+                    if not isinstance(data, Unproven):  # returned, never kept
+                        self.store.put(key, data)  # a block that cannot be kept is still returned
             fut.set_result(data)
         except BaseException as err:  # handed to every waiter
             fut.set_exception(err)

@@ -9,7 +9,8 @@ A version string identifies one content of one UFS file:
 | Azure (adlfs)            | ETag                                     | read, then re-check version      |
 | HTTP(S) (fsspec's http)  | ETag, else ``size:Last-Modified``        | ranged GET, its headers checked; |
 |                          |                                          | no ETag: a HEAD after it as well |
-| local / NFS (``file``)   | ``mtime:size:inode:ctime``               | ``fstat`` before and after pread |
+| local / NFS (``file``)   | ``mtime:size:inode:ctime``               | ``fstat`` before and after pread,|
+|                          |                                          | no writer open (lease probe)     |
 | anything else            | ``size:mtime``                           | read, then re-check version      |
 
 Where the UFS cannot serve one version by its id (every row but S3 and HTTP with an ETag), the
@@ -17,6 +18,12 @@ version is checked again after the read: a file rewritten in place while it is r
 block mixing two versions (torn), checksummed and cached under the old version's key. A version
 that changed while it was read is stale, never stored (as rclone's local backend refuses a source
 "being updated" when its size or modification time changed during the copy).
+
+A local file that another process holds open for writing may be mid-``write()``: the kernel stamps
+mtime/ctime when a write starts, so a read overlapping a write that began before the version was
+taken passes both ``fstat`` checks with mixed bytes. Those bytes come back as
+:class:`~datacache.entry.Unproven`:
+right for the caller (what a direct read gives), never stored.
 
 A mismatch raises :class:`~datacache.errors.StaleFileError`; a vanished file raises
 ``FileNotFoundError`` (ENOENT, never EIO, case C4); a failing UFS raises
@@ -28,14 +35,20 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import fcntl
 import os
+import signal
+import time
 
 from fsspec.asyn import sync
 
+from datacache.entry import Unproven
 from datacache.errors import StaleFileError, UFSUnavailableError
 from datacache.ufs.retry import DEFAULT_POLICY, RetryPolicy
 
 _VERSION_FIELDS = ("ETag", "etag", "generation", "version_id", "VersionId")
+WRITER_WAIT = 0.01  # seconds a local read waits for a writer to close before it reads unproven
+SETTLE_SECONDS = 2.0  # without leases: a file changed this recently may be mid-write
 
 
 def version_of(fs, info: dict) -> str:
@@ -130,19 +143,45 @@ def _local_version(st: os.stat_result) -> str:
 
 
 def _read_local(path: str, version: str, start: int, end: int) -> bytes:
-    """``fstat``, ``pread``, ``fstat``: a write that lands during the read changes ctime (the
-    kernel stamps it when a write starts; since Linux 6.13 with a fine-grained time once the old
-    one was looked at, so two writes a moment apart are told apart), and the bytes are refused."""
+    """``fstat``, no writer open, ``pread``, ``fstat``: a write that starts during the read
+    changes ctime (stamped when a write starts; since Linux 6.13 with a fine-grained time once the
+    old one was looked at, so two writes a moment apart are told apart) and the bytes are refused;
+    a write already running when the version was taken needs a writer's open file, which the
+    lease probe sees. Returns :class:`Unproven` bytes when a writer stayed open."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        if _local_version(os.fstat(fd)) != version:
+        st = os.fstat(fd)
+        if _local_version(st) != version:
             raise StaleFileError(path, "the file changed on disk since the manifest was taken")
+        settled = _no_writer(fd, st)
         data = os.pread(fd, end - start, start)
         if _local_version(os.fstat(fd)) != version:
             raise StaleFileError(path, "the file changed on disk while it was read")
-        return data
+        return data if settled else Unproven(data)
     finally:
         os.close(fd)
+
+
+def _no_writer(fd: int, st: os.stat_result) -> bool:
+    """Whether no process holds the file of ``fd`` (read-only) open for writing, waiting up to
+    WRITER_WAIT seconds for one to close. A read lease is granted only then (fcntl(2),
+    F_SETLEASE); it is dropped at once, its break signal set to SIGURG, ignored by default. Where
+    leases are refused (another owner without CAP_LEASE, a filesystem without them) a file
+    changed in the last SETTLE_SECONDS counts as possibly being written."""
+    deadline = time.monotonic() + WRITER_WAIT
+    while True:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except BlockingIOError:  # EAGAIN: open for writing somewhere
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+            continue
+        except OSError:
+            return time.time() - st.st_ctime > SETTLE_SECONDS
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return True
 
 
 async def _read_http(fs, url: str, version: str, start: int, end: int) -> bytes:
