@@ -210,6 +210,13 @@ def test_apply_again_after_a_failed_first_sync_is_configured_and_delete_f_undoes
         listed = dc("get", kind, home=datacache_home, check=True).stdout.decode()
         assert listed.startswith("No ") and "resources found" in listed
     assert not os.path.exists(datacache_home / "cache" / "default" / "photos")  # its cache went with it
+    twice = dc("delete", "-f", str(path), home=datacache_home)  # said as kubectl does, not "apply it first"
+    assert twice.returncode == 1 and twice.stdout == b""
+    assert twice.stderr.decode().splitlines() == [
+        "error: dataset default/photos not found (already deleted?); see 'datacache get datasets'",
+        "error: cacheruntime default/photos not found (already deleted?); see 'datacache get cacheruntimes'"]
+    quiet = dc("delete", "-f", str(path), "--ignore-not-found", home=datacache_home, check=True)
+    assert quiet.stdout == b"" and quiet.stderr == b""
 
 
 # 18.5 -------------------------------------------------------------------------------------------

@@ -151,7 +151,11 @@ class Embedded:
         """Delete a resource. Deleting a Dataset also removes its cached blocks (in-process and on
         every worker, running or not), hit counters, manifests and DataLoads; deleting a runtime
         stops its workers and removes its cache directories. Raises ResourceError
-        while a FUSE mount of the dataset exists, unless ``force`` (then it is lazily unmounted)."""
+        while a FUSE mount of the dataset exists, unless ``force`` (then it is lazily unmounted), and
+        when there is no such resource (already deleted)."""
+        if self.state.get(kind, name, namespace) is None:
+            raise ResourceError(f"{kind.lower()} {namespace}/{name} not found (already deleted?); see "
+                                f"'datacache get {kind.lower()}s'")
         res = self.get(kind, name, namespace)
         if kind == "Dataset":
             self._release_mounts(namespace, name, force)
