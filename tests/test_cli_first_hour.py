@@ -107,6 +107,12 @@ def test_a_failed_dataset_shows_its_runtimes_capacity_and_an_unbound_one_none(da
     by_name = {r[0]: r for r in rows[1:]}
     assert by_name["broken"][1:6] == ["0B", "-", "64.00MiB", "-", "Failed"]
     assert by_name["alone"][1:6] == ["1000B", "0B", "-", "0.0%", "NotBound"]
+    # listed without a runtime: the namespace needs none, and nothing of it is cached
+    assert dc("ls", "-l", "alone", home=datacache_home, check=True).stdout.decode().split() == ["1000", "0.0%", "x"]
+    unsynced = dc("ls", "broken", home=datacache_home)  # never synced: listing syncs it, and says why not
+    assert unsynced.returncode == 1 and unsynced.stderr.decode().strip() == (
+        f"error: dataset 'broken': spec.mounts[0] ('local'): mountPoint '{tmp_path / 'missing'}' does not "
+        "exist in the UFS: fix the mountPoint or create it")
 
 
 # 19.9, 19.10 ------------------------------------------------------------------------------------
