@@ -20,7 +20,8 @@ class DatasetObservation:
     ``hits``/``misses`` of readers (``remote_hits``: those of the hits served by a cache worker on
     another node), whether a runtime is bound and the manifest exists; ``updating``: a
     metadata sync runs now; ``sync_error``: why the last sync failed ('' when it did not);
-    ``error``: why the cache cannot be read."""
+    ``error``: why the cache cannot be read; ``cached_percentage``: the engine's own figure
+    (``juicefs warmup --check``), else None (computed from ``cached`` and ``ufs_total``)."""
 
     bound: bool
     synced: bool
@@ -34,6 +35,7 @@ class DatasetObservation:
     error: str = ""
     updating: bool = False
     sync_error: str = ""
+    cached_percentage: str | None = None
 
 
 def percentage(part: int, whole: int) -> str:
@@ -74,7 +76,7 @@ def dataset_status(obs: DatasetObservation) -> dict:
             "cached": format_bytes(obs.cached) if synced else "-",
             "cacheCapacity": format_bytes(obs.capacity) if obs.bound else "-",  # no runtime: no cache
             # Unknown before the first sync: '-' rather than a number nobody measured.
-            "cachedPercentage": percentage(obs.cached, obs.ufs_total) if synced else "-",
+            "cachedPercentage": (obs.cached_percentage or percentage(obs.cached, obs.ufs_total)) if synced else "-",
             "cacheHitRatio": hit_ratio,
             # Local: in-process cache, short-circuit reads, workers on the reader's node.
             "localHitRatio": percentage(obs.hits - obs.remote_hits, total),
