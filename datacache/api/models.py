@@ -778,12 +778,15 @@ class JuiceFSFuseSpec(_Model):
         bad = [k for k in value if not re.fullmatch(r"[a-z][a-z0-9-]*", k)]
         taken = [k for k in value if k in ("cache-dir", "cache-size", "buffer-size", "subdir", "foreground", "d",
                                             "background", "log")]
+        problems = []
         if bad:
-            raise ValueError(f"option name(s) {', '.join(map(repr, bad))} are not juicefs mount flags: write "
-                             "the flag without dashes, e.g. attr-cache")
+            problems.append(f"option name(s) {', '.join(map(repr, bad))} are not juicefs mount flags: write the "
+                            "flag in lowercase without dashes in front, e.g. attr-cache")
         if taken:
-            raise ValueError(f"option(s) {', '.join(taken)} are set by datacache (cache dirs and sizes come from "
-                             "tieredstore, the sub-directory from the Dataset's mountPoint): remove them")
+            problems.append(f"option(s) {', '.join(taken)} are set by datacache (cache dirs and sizes come from "
+                            "tieredstore, the sub-directory from the Dataset's mountPoint): remove them")
+        if problems:
+            raise ValueError("; ".join(problems))
         return value
 
 

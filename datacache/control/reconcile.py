@@ -133,6 +133,18 @@ def tier_condition(workers: list[dict]) -> dict | None:
             "lastTransitionTime": now_iso()}
 
 
+def client_runtime_status(runtime) -> dict:
+    """The status of a runtime whose clients run in the readers' pods (a JuiceFSRuntime on
+    Kubernetes): phase Ready once its children are rendered, ``cacheCapacity`` the disk levels'
+    quotas per client, no worker counts (there are no workers to count)."""
+    store = runtime.spec.tieredstore
+    capacity = sum(lv.quota_bytes for lv in (store.levels if store else []) if lv.mediumtype != "MEM")
+    return {"phase": "Ready", "cacheCapacity": format_bytes(capacity),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Rendered",
+                            "message": "its JuiceFS clients run in the FUSE sidecars and DataLoad Jobs of its dataset",
+                            "lastTransitionTime": now_iso()}]}
+
+
 IN_PROCESS_NOTE = (
     "in-process cache: replicas 0 and 1 run no worker processes, each reading process caches")
 

@@ -265,14 +265,24 @@ class JuiceFSEngine(Engine):
             shutil.rmtree(self.fuse.dir, ignore_errors=True)
 
 
+VIRTUAL = frozenset({".accesslog", ".config", ".stats", ".trash", ".control"})
+"""Entries a JuiceFS client shows at its mount's root that are not the volume's files."""
+
+
 def _files_under(root: str, target: str) -> list[tuple[str, int]]:
     """``(path on the mount, size in bytes)`` of the regular files under dataset path ``target``
-    (a file, a directory or a glob) on the client mounted at ``root``."""
+    (a file, a directory or a glob) on the client mounted at ``root``, without :data:`VIRTUAL`."""
     found = []
-    for top in sorted(glob.glob(os.path.join(root, target.lstrip("/")))) or []:
+    for top in sorted(os.path.normpath(p) for p in glob.glob(os.path.join(root, target.lstrip("/")))):
+        if os.path.dirname(top) == root and os.path.basename(top) in VIRTUAL:
+            continue
         if os.path.isfile(top):
             found.append((top, os.path.getsize(top)))
-        for base, _dirs, names in os.walk(top):
+        for base, dirs, names in os.walk(top):
+            if base == root:
+                dirs[:] = [d for d in dirs if d not in VIRTUAL]
+                names = [n for n in names if n not in VIRTUAL]
+            dirs.sort()
             found += [(os.path.join(base, n), os.path.getsize(os.path.join(base, n))) for n in sorted(names)]
     return found
 

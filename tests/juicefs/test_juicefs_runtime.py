@@ -89,7 +89,9 @@ def _juicefs_check(binary: str, path: str) -> str:
                           check=True, timeout=120).stderr
 
 
-def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path):
+def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path, monkeypatch):
+    from datacache.control.embedded import Embedded
+    from datacache_runtimes import juicefs_engine
     from datacache_runtimes.juicefs_cli import parse_check
 
     meta, secret_key, files = volume
@@ -129,6 +131,21 @@ def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path):
     assert rt["phase"] == "Ready" and rt["cacheCapacity"] == "1.00GiB"
     assert sum(os.path.getsize(os.path.join(b, n)) for b, _, ns in os.walk(cache_dir) for n in ns) >= \
         sum(map(len, train.values()))  # the blocks are in the level's directory
+
+    # progress: a warmup of everything in batches of one file reports after each
+    monkeypatch.setattr(juicefs_engine, "BATCH_FILES", 1)
+    for key, value in dc.env.items():
+        if key.startswith("DATACACHE_"):
+            monkeypatch.setenv(key, value)
+    seen = []
+    plane = Embedded(home)
+    try:
+        _, result = plane.warmup("jfs", ["/"], on_progress=lambda p: seen.append((p.files_done, p.bytes_done)))
+    finally:
+        plane.close()
+    assert result.ok and len(seen) == len(in_data) and seen == sorted(seen)
+    assert seen[-1] == (len(in_data), sum(map(len, in_data.values())))
+    assert dc.status("dataset", "jfs")["cacheStates"]["cachedPercentage"] == "100.0%"
 
     # datacache mount: juicefs mount in the foreground, supervised
     log = open(tmp_path / "mount.out", "w")
