@@ -79,11 +79,9 @@ class Engine:
         return None
 
     def scale(self, replicas: int) -> str:
+        """A note on what ``replicas`` means for this engine, after the control plane stored it
+        ('' when the control plane's own worker supervision says it all)."""
         return ""
 
     def teardown(self, clean_cache: bool = True) -> None:
         """Stop what the engine runs (no-op when nothing runs); never raises for that."""
-
-    def stop(self) -> None:
-        """Stop what runs and keep the cache (``teardown(clean_cache=False)``)."""
-        self.teardown(clean_cache=False)

@@ -136,6 +136,7 @@ class Embedded:
                         workerset.plan(replicas, current, [workerset.index_of(w) for w in remove]))
         runtime.spec.replicas = replicas
         line = self.apply([runtime])[0].replace(" configured", " scaled").replace(" unchanged", " scaled")
+        line += self.paths.engine(runtime).scale(replicas)
         return line if distributed(runtime) else f"{line} (replicas {replicas}: {reconcile.IN_PROCESS_NOTE})"
 
     def get(self, kind: str, name: str, namespace: str = "default"):

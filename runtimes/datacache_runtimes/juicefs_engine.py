@@ -48,6 +48,25 @@ MOUNT_TIMEOUT = 60.0  # seconds for a client to mount (it connects to the metada
 BATCH_FILES, BATCH_BYTES = 256, 256 << 20  # one juicefs warmup per batch: progress between batches
 
 
+VIRTUAL = frozenset({".accesslog", ".config", ".stats", ".trash", ".control"})
+"""Entries a JuiceFS client shows at its mount's root that are not the volume's files."""
+
+
+class JuiceFSMountFileSystem(MountedDirFileSystem):
+    """The runtime's own client mount read as local files (for the metadata sync), without the
+    :data:`VIRTUAL` entries at its root ``root``."""
+
+    def __init__(self, root: str, **kwargs):
+        super().__init__(**kwargs)
+        self.root = root
+
+    def ls(self, path, detail=False, **kwargs):
+        entries = super().ls(path, detail=detail, **kwargs)
+        if self._strip_protocol(path).rstrip("/") != self.root:
+            return entries
+        return [e for e in entries if os.path.basename((e["name"] if detail else e).rstrip("/")) not in VIRTUAL]
+
+
 @dataclass(frozen=True)
 class _Command:
     """What :class:`FuseCommand` runs: the argv and how long it may take to mount."""
@@ -132,7 +151,7 @@ class JuiceFSEngine(Engine):
 
     def opener(self, dataset):
         self.setup(dataset)
-        local = MountedDirFileSystem()
+        local = JuiceFSMountFileSystem(self.fuse.target)
         return lambda mount, where: (local, self.fuse.target)
 
     def mount_argv(self, dataset, mountpoint: str, options=()) -> list[str]:
@@ -263,10 +282,6 @@ class JuiceFSEngine(Engine):
                 if lv.path is not None:
                     shutil.rmtree(self._dir(lv), ignore_errors=True)
             shutil.rmtree(self.fuse.dir, ignore_errors=True)
-
-
-VIRTUAL = frozenset({".accesslog", ".config", ".stats", ".trash", ".control"})
-"""Entries a JuiceFS client shows at its mount's root that are not the volume's files."""
 
 
 def _files_under(root: str, target: str) -> list[tuple[str, int]]:

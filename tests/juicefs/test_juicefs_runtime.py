@@ -140,6 +140,7 @@ def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path, monkeypatc
     seen = []
     plane = Embedded(home)
     try:
+        assert plane.load_manifest(plane.get("Dataset", "jfs")).file_num == len(in_data)  # no .config, .stats ...
         _, result = plane.warmup("jfs", ["/"], on_progress=lambda p: seen.append((p.files_done, p.bytes_done)))
     finally:
         plane.close()
