@@ -484,7 +484,7 @@ class Embedded:
             return reconcile.DatasetObservation(**known)
         state = engine.state()
         if not state.ready:  # its client starts on sync, load or read, not on a status read
-            return reconcile.DatasetObservation(**known, error=state.reason)
+            return reconcile.DatasetObservation(**known, not_ready=state.reason)
         try:
             rep = engine.report(ds)
         except (DatacacheError, OSError, ValueError) as err:

@@ -20,7 +20,8 @@ class DatasetObservation:
     ``hits``/``misses`` of readers (``remote_hits``: those of the hits served by a cache worker on
     another node), whether a runtime is bound and the manifest exists; ``updating``: a
     metadata sync runs now; ``sync_error``: why the last sync failed ('' when it did not);
-    ``error``: why the cache cannot be read; ``cached_percentage``: the engine's own figure
+    ``error``: why the cache cannot be read; ``not_ready``: why the runtime's engine cannot give
+    its figures yet (its client not started: a state, not an error); ``cached_percentage``: the engine's own figure
     (``juicefs warmup --check``), else None (computed from ``cached`` and ``ufs_total``)."""
 
     bound: bool
@@ -36,6 +37,7 @@ class DatasetObservation:
     updating: bool = False
     sync_error: str = ""
     cached_percentage: str | None = None
+    not_ready: str = ""
 
 
 def percentage(part: int, whole: int) -> str:
@@ -61,11 +63,13 @@ def dataset_status(obs: DatasetObservation) -> dict:
         phase, cond = "NotBound", ("Ready", "False", "NoRuntime", "no CacheRuntime with the dataset's name and namespace")
     elif not obs.synced:
         phase, cond = "Pending", ("Ready", "False", "NotSynced", "metadata not synced yet")
+    elif obs.not_ready:  # bound and listed; the engine's figures wait for it
+        phase, cond = "Bound", ("Ready", "False", "RuntimeNotReady", obs.not_ready)
     else:
         phase, cond = "Bound", ("Ready", "True", "Bound", "the dataset is bound to its runtime")
     total = obs.hits + obs.misses
     hit_ratio = percentage(obs.hits, total)
-    synced = obs.synced and not obs.error
+    synced = obs.synced and not obs.error and not obs.not_ready  # else no figure was measured
     return {
         "phase": phase,
         "conditions": [{"type": cond[0], "status": cond[1], "reason": cond[2], "message": cond[3],

@@ -172,6 +172,14 @@ def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path, monkeypatc
         assert refused.returncode == 1 and f"dataset default/jfs is mounted at {mnt}" in refused.stderr
         dc("unmount", mnt)
         assert reader.wait(30) == 0
+        # the runtime's own client stopped: not ready is a state (Bound, no figures), not a failure
+        plane = Embedded(home)
+        juicefs_engine.stop_runtime(plane.get("JuiceFSRuntime", "jfs"), home)
+        plane.close()
+        st = dc.status("dataset", "jfs")
+        assert (st["phase"], st["conditions"][0]["reason"], st["cacheStates"]["cached"]) == \
+            ("Bound", "RuntimeNotReady", "-")
+        assert "its JuiceFS client is not mounted" in st["conditions"][0]["message"]
     finally:
         if reader.poll() is None:
             reader.send_signal(signal.SIGTERM)
