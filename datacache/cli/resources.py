@@ -14,6 +14,7 @@ KIND_NAMES = {
     "dataload": "DataLoad", "dataloads": "DataLoad",
     "thinruntime": "ThinRuntime", "thinruntimes": "ThinRuntime",
     "thinruntimeprofile": "ThinRuntimeProfile", "thinruntimeprofiles": "ThinRuntimeProfile",
+    "juicefsruntime": "JuiceFSRuntime", "juicefsruntimes": "JuiceFSRuntime",
 }
 CLUSTER_SCOPED = {"ThinRuntimeProfile"}  # kept in namespace "default", whatever -n says
 _kind = click.Choice(sorted(KIND_NAMES), case_sensitive=False)
@@ -142,7 +143,7 @@ def delete(kind, name, files, force, ignore_not_found, namespace, home):
             continue
         try:
             line = plane.delete(res.kind, meta.name, meta.namespace, force=force)
-            if any((kind, meta.name, meta.namespace) in named for kind in ("CacheRuntime", "ThinRuntime")):
+            if any((kind, meta.name, meta.namespace) in named for kind in ("CacheRuntime", "ThinRuntime", "JuiceFSRuntime")):
                 line = line.split(" (", 1)[0]  # not "its runtime stays": it goes next
             click.echo(line)
         except (DatacacheError, OSError) as err:  # the others are deleted, each failure is said
@@ -153,7 +154,8 @@ def delete(kind, name, files, force, ignore_not_found, namespace, home):
 
 
 # A Dataset goes before its runtime (its blocks are found through it), a ThinRuntime before its profile.
-_DELETE_ORDER = {"DataLoad": 0, "Dataset": 1, "CacheRuntime": 2, "ThinRuntime": 3, "ThinRuntimeProfile": 4}
+_DELETE_ORDER = {"DataLoad": 0, "Dataset": 1, "CacheRuntime": 2, "ThinRuntime": 3, "JuiceFSRuntime": 3,
+                 "ThinRuntimeProfile": 4}
 
 
 def _kind_ns(kind: str, namespace: str) -> tuple[str, str]:

@@ -40,6 +40,8 @@ from datacache.ufs.schemes import register_profile_schemes
 
 log = logging.getLogger(__name__)
 READAHEAD_BUDGET = 256 << 20  # bytes held by read-ahead and fills in flight, per process
+RUNTIME_KINDS = ("CacheRuntime", "ThinRuntime", "JuiceFSRuntime")
+"""Runtime kinds a Dataset binds to, in the order :meth:`ReadPath.runtime_for` looks for them."""
 
 
 def distributed(runtime) -> bool:
@@ -82,8 +84,8 @@ class ReadPath:
 
     def runtime_for(self, dataset):
         """The runtime bound to ``dataset`` (same name and namespace, as in Fluid): its CacheRuntime,
-        else its ThinRuntime, else None."""
-        for kind in ("CacheRuntime", "ThinRuntime"):
+        else its ThinRuntime, else its JuiceFSRuntime, else None."""
+        for kind in RUNTIME_KINDS:
             doc = self.state.get(kind, dataset.metadata.name, dataset.metadata.namespace)
             if doc:
                 return load_resource_dict(doc, "state")
@@ -190,6 +192,9 @@ class ReadPath:
                 raise ResourceError(f"dataset {namespace}/{name} has no manifest yet: run 'datacache sync {name}'")
             self._sync(name, namespace)
             manifest = self.load_manifest(ds)
+        if not self.engine(runtime).reads_through_datacache:
+            raise ResourceError(f"dataset {namespace}/{name} is read through its {runtime.kind}'s own client, "
+                                f"not datacache's cache: mount it (datacache mount {name} DIR)")
         ufs = self.ufs_for(ds, runtime)
         source = self.block_source(runtime, ufs)
         directory = layout.dataset_dir(self.home, namespace, name)
