@@ -53,13 +53,15 @@ class UnmountError(OSError):
 
 @dataclass(frozen=True)
 class MountEntry:
-    """One line of ``/proc/self/mountinfo``: ``dev`` is ``"major:minor"`` (the bdi name)."""
+    """One line of ``/proc/self/mountinfo``: ``dev`` is ``"major:minor"`` (the bdi name),
+    ``mount_id`` the mount's unique id (what ``/proc/PID/fdinfo/FD`` calls ``mnt_id``)."""
 
     mountpoint: str
     dev: str
     fstype: str
     source: str
     options: str
+    mount_id: int = 0
 
     @property
     def is_fuse(self) -> bool:
@@ -99,7 +101,7 @@ def mounts(mountinfo: str = MOUNTINFO) -> list[MountEntry]:
             lf, rf = left.split(" "), right.split(" ")
             if len(lf) < 6 or len(rf) < 3:
                 continue
-            entries.append(MountEntry(_unescape(lf[4]), lf[2], rf[0], _unescape(rf[1]), rf[2]))
+            entries.append(MountEntry(_unescape(lf[4]), lf[2], rf[0], _unescape(rf[1]), rf[2], int(lf[0])))
     return entries
 
 
@@ -167,6 +169,40 @@ def lazy_unmount(path: str) -> None:
     if top is None or not top.is_fuse:
         return  # someone else unmounted it meanwhile
     raise UnmountError(errno.EBUSY, "could not unmount: " + "; ".join(problems), target)
+
+
+def users(entry: MountEntry) -> list[int]:
+    """Pids (other than ours) holding a file of the mount ``entry`` open or mapped, or working
+    inside it: what keeps a lazily detached mount, and its daemon, alive. Read from ``/proc``
+    (``fdinfo``'s ``mnt_id``, ``maps``' device, ``cwd``) without touching the mount itself; a
+    process that ends or hides its ``/proc`` meanwhile is skipped."""
+    major, minor = (int(x) for x in entry.dev.split(":"))
+    dev = f"{major:02x}:{minor:02x}"
+    inside = entry.mountpoint.rstrip("/") + "/"
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            if _uses(f"/proc/{name}", entry.mount_id, dev, inside):
+                found.append(int(name))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def _uses(proc: str, mount_id: int, dev: str, inside: str) -> bool:
+    if (os.readlink(f"{proc}/cwd") + "/").startswith(inside):
+        return True
+    for fd in os.listdir(f"{proc}/fdinfo"):
+        try:
+            with open(f"{proc}/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
+                if any(line.split() == ["mnt_id:", str(mount_id)] for line in f):
+                    return True
+        except OSError:  # the fd closed meanwhile
+            continue
+    with open(f"{proc}/maps", encoding="ascii", errors="replace") as f:
+        return any(line.split()[3:4] == [dev] for line in f)
 
 
 def set_read_ahead(path: str, kib: int = 1024) -> int | None:

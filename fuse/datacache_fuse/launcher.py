@@ -151,7 +151,8 @@ def supervise(argv: list[str], mountpoint: str, *, max_restarts: int = 10, windo
 
 def unmount(mountpoint: str, home: str | None = None, wait: float = 5.0) -> str:
     """Lazily unmount the datacache mount at ``mountpoint`` (works while files are open elsewhere;
-    a dead mount is removed too), then wait up to ``wait`` seconds for its daemon to exit.
+    a dead mount is removed too), then wait up to ``wait`` seconds for its daemon to exit, unless
+    other processes still use the mount (:func:`mountinfo.users`): then it returns at once.
 
     Returns a one-line report. Raises :class:`MountError` when nothing (or no FUSE file system) is
     mounted there, or :class:`mountinfo.UnmountError` when the kernel refuses.
@@ -166,10 +167,15 @@ def unmount(mountpoint: str, home: str | None = None, wait: float = 5.0) -> str:
     if not top.is_fuse:
         raise MountError(f"{mountpoint} is a {top.fstype} mount, not a FUSE mount: not unmounting it")
     daemon = read_state(home, mountpoint)
+    busy = [p for p in mountinfo.users(top) if daemon is None or p != daemon["pid"]]
     mountinfo.lazy_unmount(mountpoint)
     if daemon is None:
         return f"unmounted {mountpoint}"
     pid = daemon["pid"]
+    if busy:  # no use waiting: the daemon serves them until they close their files
+        shown = ", ".join(map(str, busy[:5])) + (", ..." if len(busy) > 5 else "")
+        return (f"unmounted {mountpoint}; daemon {pid} keeps serving files still open in {len(busy)} "
+                f"process(es) (pid {shown}) and exits when they are closed")
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if read_state(home, mountpoint) is None:
