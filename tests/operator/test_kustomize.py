@@ -50,11 +50,11 @@ def test_kustomize_installs_crds_operator_rbac_and_webhook(tmp_path):
     for obj in objects:
         validate(obj)
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == sorted(["CustomResourceDefinition"] * 5 + [
+    assert kinds == sorted(["CustomResourceDefinition"] * 7 + [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment",
         "Service", "Secret", "MutatingWebhookConfiguration"])
     assert sorted(o["spec"]["names"]["kind"] for o in objects if o["kind"] == "CustomResourceDefinition") == [
-        "CacheRuntime", "DataLoad", "Dataset", "ThinRuntime", "ThinRuntimeProfile"]
+        "CacheRuntime", "DataLoad", "DataMigrate", "DataProcess", "Dataset", "ThinRuntime", "ThinRuntimeProfile"]
     by_kind = {o["kind"]: o for o in objects}
     namespace, deployment = by_kind["Namespace"], by_kind["Deployment"]
     assert namespace["metadata"]["name"] == deployment["metadata"]["namespace"] == "datacache-system"
