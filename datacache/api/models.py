@@ -894,6 +894,7 @@ class DataLoadStatus(_Model):
     targets: list[TargetStatus] = Field(default_factory=list)
     last_schedule_time: Timestamp | None = None
     last_successful_time: Timestamp | None = None
+    completion_time: Timestamp | None = None  # set when a runAfter predecessor's failure ended it
     workers: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Per cache worker (distributed runtimes): ``{"blocks", "bytes"}`` it stored for this load."""
     progress: dict[str, int] = Field(default_factory=dict)
