@@ -229,11 +229,15 @@ def _copy_one(src_fs, src: str, info: dict, dst_fs, dst: str, atomic_put: bool, 
             fout.flush()
             os.fsync(fout.fileno())  # the rename below must not outlive the data on a crash
         fout.close()  # an object store's upload completes here, once every byte is verified
+        if atomic_put:
+            return
+        if _protocol(dst_fs) in ("file", "local"):
+            os.replace(target, dst)  # fsspec's mv is shutil.move: onto a directory it would move *into* it
+        else:
+            dst_fs.mv(target, dst)
     except BaseException:
         _abandon(dst_fs, fout, None if atomic_put else target)
         raise
-    if not atomic_put:
-        dst_fs.mv(target, dst)
 
 
 def _abandon(fs, fout, temporary: str | None) -> None:
