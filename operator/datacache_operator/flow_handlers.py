@@ -5,7 +5,8 @@
 A step whose predecessor is Pending or Executing (or not created yet) is Pending with the reason
 and looked at again every ``retry_s``; when the predecessor fails the step is Failed with reason
 ``PredecessorFailed`` and its predecessor's message, and no Job is created; a cycle is a
-PermanentError naming it. :func:`register` adds the handlers to kopf's current registry (the
+PermanentError naming it. A DataMigrate into a Dataset has that Dataset synced again when it
+completes (:func:`resync`). :func:`register` adds the handlers to kopf's current registry (the
 handlers module calls it, so a fresh registry gets them too).
 """
 
@@ -19,7 +20,7 @@ from lightkube import AsyncClient
 
 from datacache.control import flowstatus
 
-from . import flowjobs, kube, manifests
+from . import flowjobs, kube, manifests, syncjob
 from .settings import Settings
 
 MAX_CHAIN = 100
@@ -105,6 +106,16 @@ def job_status(job: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+async def resync(client: AsyncClient, dataset: Any) -> None:
+    """Have ``dataset`` synced again after files were copied into its UFS: its finished sync Job
+    is deleted, so its next reconcile (within ``status_interval_s``) starts a new one. A sync
+    still running is left alone."""
+    name, namespace = syncjob.names(dataset)["job"], dataset.metadata.namespace
+    job = await kube.get_or_none(client, "Job", name, namespace)
+    if job is not None and manifests.job_phase(job.get("status")) in ("Complete", "Failed"):
+        await kube.delete(client, "Job", name, namespace)
+
+
 def register(reconciled: Callable[[str, str], Any], load: Callable[[Any], Any], settings: Settings) -> None:
     """Add the DataMigrate and DataProcess handlers to kopf's current default registry;
     ``reconciled(plural, timer_id)`` gives the decorators (create, update, resume, timer) and
@@ -138,6 +149,9 @@ def register(reconciled: Callable[[str, str], Any], load: Callable[[Any], Any], 
             dataset = await dataset_of(client, dm.spec.dataset_side, dm.metadata.namespace)
             await kube.ensure(client, flowjobs.migrate_config_map(dm, dataset, body))
             observed = await follow(client, flowjobs.migrate_job(dm, dataset, body, settings), patch)
+            was = (body.get("status") or {}).get("phase")
+            if dm.spec.into_dataset and patch.status.get("phase") == "Complete" and was != "Complete":
+                await resync(client, dataset)
         finally:
             await client.close()
         if observed is not None and patch.status.get("phase") in ("Pending", "Executing"):

@@ -79,9 +79,16 @@ def test_flow_jobs_start_in_order(cluster):  # noqa: F811
         assert ("batch/v1/jobs", NS, "derive-process") not in kmock.objects
         assert ("batch/v1/jobs", NS, "warm-dataload") not in kmock.objects
 
+        _wait(lambda: _get(kmock, "batch/v1/jobs", "raw-sync"))  # the Dataset's first sync, before the copy
+        _finish(kmock, "raw-sync")
         _finish(kmock, "fetch-migrate")
         _wait(lambda: _phase(kmock, "datamigrates", "fetch") == "Complete")
         assert _get(kmock, f"{CRS}/datamigrates", "fetch")["status"]["duration"] == "90.0s"
+
+        def sync_deleted():
+            """the finished sync Job deleted, so that the Dataset is synced again after the copy"""
+            return [r for r in kmock[kmock.resource("batch/v1/jobs")] if r.method == "DELETE" and r.name == "raw-sync"]
+        _wait(sync_deleted)
 
         process = _wait(lambda: _get(kmock, "batch/v1/jobs", "derive-process"))
         validate(process)
@@ -95,8 +102,21 @@ def test_flow_jobs_start_in_order(cluster):  # noqa: F811
                                     {"name": "DATACACHE_DATASET_PATH", "value": "/input"}]
         assert ("batch/v1/jobs", NS, "warm-dataload") not in kmock.objects
 
+        kmock.objects["v1/pods", NS, "derive-process-x7k2p"] = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": "derive-process-x7k2p", "namespace": NS, "labels": {"job-name": "derive-process"},
+                "creationTimestamp": "2026-11-29T10:02:00Z"},
+            "spec": {"containers": [{"name": "process", "image": "python:3.12-slim"}]},
+            "status": {"phase": "Succeeded", "containerStatuses": [{
+                "name": "process", "image": "python:3.12-slim", "imageID": "", "ready": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
+        # the pod's log, as the API server serves it (plain text) for the log subresource
+        kmock[f"get /api/v1/namespaces/{NS}/pods/derive-process-x7k2p/log"] << b"read 6 files\nwrote 6 files\n"
         _finish(kmock, "derive-process")
         _wait(lambda: _phase(kmock, "dataprocesses", "derive") == "Complete")
+        assert _wait(lambda: "exitCode" in _get(kmock, f"{CRS}/dataprocesses", "derive")["status"])
+        assert _get(kmock, f"{CRS}/dataprocesses", "derive")["status"]["exitCode"] == 0
+        assert _get(kmock, f"{CRS}/dataprocesses", "derive")["status"]["logTail"] == ["read 6 files", "wrote 6 files"]
         warm = _wait(lambda: _get(kmock, "batch/v1/jobs", "warm-dataload"))
         validate(warm)
 
