@@ -18,7 +18,10 @@ from typing import Any, Callable
 import kopf
 from lightkube import AsyncClient
 
-from datacache.control import flowstatus
+from datacache.api.crds import GROUP, PLURALS, VERSION
+from datacache.api.dataflow import FLOW_KINDS
+from datacache.control import flowgraph, flowstatus
+from datacache.errors import ResourceError
 
 from . import flowjobs, kube, manifests, syncjob
 from .settings import Settings
@@ -116,10 +119,37 @@ async def resync(client: AsyncClient, dataset: Any) -> None:
         await kube.delete(client, "Job", name, namespace)
 
 
+RUN_AFTER_WEBHOOK = "flow-run-after"
+"""Id (and URL path) of the validating webhook refusing a missing predecessor or a cycle."""
+
+
+async def check_run_after(body: Any, namespace: str | None = None, **_: Any) -> None:
+    """Admission: refuse a DataLoad, DataMigrate or DataProcess whose ``runAfter`` names a step
+    that does not exist in the cluster, or closes a cycle (the same check and message as embedded
+    apply, :func:`datacache.control.flowgraph.check`). Raises ``kopf.AdmissionError`` (HTTP 400)."""
+    doc = {"kind": body.get("kind"), "metadata": dict(body.get("metadata") or {}), "spec": body.get("spec") or {}}
+    if not doc["spec"].get("runAfter"):
+        return
+    doc["metadata"].setdefault("namespace", namespace or "default")
+    client = AsyncClient()
+    try:
+        stored = [d for kind in FLOW_KINDS for d in await kube.list_dicts(client, kind, doc["metadata"]["namespace"])]
+    finally:
+        await client.close()
+    try:
+        flowgraph.check(stored, [doc])
+    except ResourceError as err:
+        raise kopf.AdmissionError(str(err), code=400) from None
+
+
 def register(reconciled: Callable[[str, str], Any], load: Callable[[Any], Any], settings: Settings) -> None:
     """Add the DataMigrate and DataProcess handlers to kopf's current default registry;
     ``reconciled(plural, timer_id)`` gives the decorators (create, update, resume, timer) and
-    ``load(body)`` the model (PermanentError for a wrong spec)."""
+    ``load(body)`` the model (PermanentError for a wrong spec). Also the validating webhook
+    :data:`RUN_AFTER_WEBHOOK` for the three flow kinds."""
+    for kind in FLOW_KINDS:
+        kopf.on.validate(GROUP, VERSION, PLURALS[kind], operations={"CREATE", "UPDATE"},
+                         id=RUN_AFTER_WEBHOOK)(check_run_after)
 
     async def dataset_of(client: AsyncClient, ref: Any, namespace: str) -> Any:
         found = await kube.get_or_none(client, "Dataset", ref.name, ref.namespace or namespace)

@@ -75,6 +75,12 @@ async def delete(client: AsyncClient, kind: str, name: str, namespace: str) -> N
             raise
 
 
+async def list_dicts(client: AsyncClient, kind: str, namespace: str) -> list[dict[str, Any]]:
+    """Every object of datacache kind ``kind`` in ``namespace``, as dicts."""
+    return [obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+            async for obj in client.list(CUSTOM[kind], namespace=namespace)]
+
+
 async def pod_dicts(client: AsyncClient, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
     """The pods matching label ``selector``, as dicts (oldest first)."""
     pods = [pod.to_dict() async for pod in client.list(Pod, namespace=namespace, labels=selector)]

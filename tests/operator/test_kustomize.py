@@ -52,7 +52,7 @@ def test_kustomize_installs_crds_operator_rbac_and_webhook(tmp_path):
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == sorted(["CustomResourceDefinition"] * 7 + [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment",
-        "Service", "Secret", "MutatingWebhookConfiguration"])
+        "Service", "Secret", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
     assert sorted(o["spec"]["names"]["kind"] for o in objects if o["kind"] == "CustomResourceDefinition") == [
         "CacheRuntime", "DataLoad", "DataMigrate", "DataProcess", "Dataset", "ThinRuntime", "ThinRuntimeProfile"]
     by_kind = {o["kind"]: o for o in objects}
@@ -76,6 +76,9 @@ def test_kustomize_installs_crds_operator_rbac_and_webhook(tmp_path):
     service = hook["clientConfig"]["service"]
     assert f"{service['name']}.{service['namespace']}.svc" in names
     assert by_kind["Service"]["metadata"]["name"] == service["name"]
+    flows = by_kind["ValidatingWebhookConfiguration"]["webhooks"][0]  # runAfter checks, same server and CA
+    assert flows["clientConfig"]["caBundle"] == hook["clientConfig"]["caBundle"]
+    assert flows["clientConfig"]["service"] == {**service, "path": "/flow-run-after"}
     assert not (copy / "ca.key").exists()  # the CA's key is not kept
 
 

@@ -5,7 +5,11 @@ are checked against the Kubernetes schemas."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
+import time
+import urllib.error
+import urllib.request
 
 from operator_schemas import validate
 from test_operator_kmock import NS, _get, _resource, _wait, cluster, run_operator  # noqa: F401 (fixture)
@@ -152,3 +156,48 @@ def test_missing_predecessor_waits_with_reason(cluster):  # noqa: F811
         assert (condition["reason"], condition["message"]) == (
             "PredecessorNotFound", "runAfter: datamigrate ml/nosuch not found: apply it, or fix spec.runAfter")
         assert ("batch/v1/jobs", NS, "orphan-process") not in kmock.objects
+
+
+def _validate_review(obj: dict) -> dict:
+    """The operator's answer to an AdmissionReview creating ``obj`` (a datacache resource)."""
+    plural = {"DataLoad": "dataloads", "DataMigrate": "datamigrates", "DataProcess": "dataprocesses"}[obj["kind"]]
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "review-2", "kind": {"group": "datacache.io", "version": "v1alpha1", "kind": obj["kind"]},
+        "resource": {"group": "datacache.io", "version": "v1alpha1", "resource": plural}, "namespace": NS,
+        "operation": "CREATE", "userInfo": {"username": "alice"}, "object": obj, "dryRun": False}}
+    request = urllib.request.Request(f"http://127.0.0.1:{os.environ['DATACACHE_WEBHOOK_PORT']}/flow-run-after",
+                                     data=json.dumps(review).encode(), headers={"Content-Type": "application/json"})
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return json.load(resp)["response"]
+        except urllib.error.URLError:  # the server is still starting
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_webhook_refuses_missing_predecessor_and_cycle(cluster):  # noqa: F811
+    kmock, _ = cluster
+    _flow(kmock)
+    with run_operator():
+        orphan = _resource("DataProcess", "orphan", {"dataset": {"name": "raw"}, "mountPath": "/input",
+                                                     "command": ["true"], "runAfter": {"kind": "DataMigrate",
+                                                                                       "name": "nosuch"}}, uid=_uid(7))
+        denied = _validate_review(orphan)
+        assert denied["allowed"] is False and denied["status"]["code"] == 400
+        assert denied["status"]["message"] == ("dataprocess ml/orphan: spec.runAfter: datamigrate ml/nosuch not "
+                                               "found: apply it first (or in the same file), or fix spec.runAfter")
+        # fetch (stored, first step) changed to wait for warm, which waits for derive, which waits for fetch
+        looped = _resource("DataMigrate", "fetch", {"from": {"externalStorage": S3}, "to": {"dataset": {"name": "raw"}},
+                                                    "runAfter": {"kind": "DataLoad", "name": "warm"}}, uid=_uid(3))
+        denied = _validate_review(looped)
+        assert denied["allowed"] is False
+        assert denied["status"]["message"] == (
+            "datamigrate ml/fetch: spec.runAfter makes a cycle (datamigrate ml/fetch -> dataload ml/warm -> "
+            "dataprocess ml/derive -> datamigrate ml/fetch): a flow must have a first step; remove runAfter from "
+            "one of them")
+        fine = _resource("DataLoad", "again", {"dataset": {"name": "raw"}, "runAfter": {"kind": "DataLoad",
+                                                                                        "name": "warm"}}, uid=_uid(8))
+        assert _validate_review(fine)["allowed"] is True
