@@ -5,14 +5,9 @@ are checked against the Kubernetes schemas."""
 
 from __future__ import annotations
 
-import json
-import os
-import time
-import urllib.error
-import urllib.request
-
 from operator_schemas import validate
-from test_operator_kmock import NS, _get, _resource, _wait, cluster, run_operator  # noqa: F401 (fixture)
+from test_operator_kmock import (NS, _get, _resource, _wait, admission_review, cluster,  # noqa: F401 (fixture)
+                                 run_operator)
 
 CRS = "datacache.io/v1alpha1"
 S3 = {"uri": "s3://bucket/raw", "options": {"endpoint_url": "http://s3.example:9000"}, "encryptOptions": [
@@ -161,21 +156,8 @@ def test_missing_predecessor_waits_with_reason(cluster):  # noqa: F811
 def _validate_review(obj: dict) -> dict:
     """The operator's answer to an AdmissionReview creating ``obj`` (a datacache resource)."""
     plural = {"DataLoad": "dataloads", "DataMigrate": "datamigrates", "DataProcess": "dataprocesses"}[obj["kind"]]
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "review-2", "kind": {"group": "datacache.io", "version": "v1alpha1", "kind": obj["kind"]},
-        "resource": {"group": "datacache.io", "version": "v1alpha1", "resource": plural}, "namespace": NS,
-        "operation": "CREATE", "userInfo": {"username": "alice"}, "object": obj, "dryRun": False}}
-    request = urllib.request.Request(f"http://127.0.0.1:{os.environ['DATACACHE_WEBHOOK_PORT']}/flow-run-after",
-                                     data=json.dumps(review).encode(), headers={"Content-Type": "application/json"})
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                return json.load(resp)["response"]
-        except urllib.error.URLError:  # the server is still starting
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return admission_review(obj, {"group": "datacache.io", "version": "v1alpha1", "kind": obj["kind"]}, plural,
+                            "flow-run-after")
 
 
 def test_webhook_refuses_missing_predecessor_and_cycle(cluster):  # noqa: F811
