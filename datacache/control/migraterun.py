@@ -67,7 +67,10 @@ def run_migrate(plane, dm: DataMigrate, cancel: threading.Event | None = None) -
     started, t0 = now_iso(), time.monotonic()
     previous = (plane.state.get("DataMigrate", meta.name, meta.namespace) or {}).get("status") or {}
     kept = {k: previous[k] for k in ("lastSuccessfulTime",) if k in previous}
-    write = lambda status: plane.state.set_status("DataMigrate", meta.name, meta.namespace, {**kept, **status})
+
+    def write(status: dict) -> None:
+        plane.state.set_status("DataMigrate", meta.name, meta.namespace, {**kept, **status})
+
     write({"phase": "Executing", "lastScheduleTime": started})
     last = [0.0]
 

@@ -75,8 +75,10 @@ def run_process(plane, dp: DataProcess, cancel: threading.Event | None = None) -
     name, namespace = spec.dataset.name, spec.dataset.namespace or meta.namespace
     started, t0 = now_iso(), time.monotonic()
     log_file = log_path(plane.home, meta.namespace, meta.name)
-    write = lambda status: plane.state.set_status("DataProcess", meta.name, meta.namespace,  # noqa: E731
-                                                  {"logFile": log_file, **status})
+
+    def write(status: dict) -> None:
+        plane.state.set_status("DataProcess", meta.name, meta.namespace, {"logFile": log_file, **status})
+
     write({"phase": "Executing", "lastScheduleTime": started})
     try:
         plane.bound(name, namespace)
