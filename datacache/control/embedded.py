@@ -109,10 +109,14 @@ class Embedded:
             elif flows.is_step(res):
                 flows.on_apply(self, res, verb)
             elif res.kind == "DataLoad" and res.spec.policy == "Once" and verb != "unchanged":
-                result = self.run_dataload(res)
+                key = ("DataLoad", res.metadata.namespace, res.metadata.name)
+                try:
+                    result = self.run_dataload(res)
+                except (DatacacheError, OSError) as err:  # the steps waiting for it fail with its reason
+                    flows.follow(self, key, False, describe_error(err))
+                    raise
                 failures = [f for t in result.targets for f in t.failures]
-                flows.follow(self, ("DataLoad", res.metadata.namespace, res.metadata.name), result.ok,
-                             "; ".join(failures[:3]) or "not every target is cached")
+                flows.follow(self, key, result.ok, "; ".join(failures[:3]) or "not every target is cached")
                 if not result.ok:  # its status says Failed and why; apply says so too
                     raise DatacacheError(f"its run failed: {'; '.join(failures[:3])}" if failures else
                                          f"its run failed: see 'datacache describe dataload {res.metadata.name}'")

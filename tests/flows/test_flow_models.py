@@ -4,6 +4,7 @@ missing predecessors refused at apply before anything is stored."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -148,3 +149,32 @@ def test_cycle_through_a_stored_step_is_refused(datacache_home, tmp_path):
     with pytest.raises(ResourceError, match=r"^datamigrate default/a: spec.runAfter makes a cycle \(datamigrate "
                                             r"default/a -> datamigrate default/b -> datamigrate default/a\)"):
         apply_text(datacache_home, tmp_path, looped, "again.yaml")
+
+
+def test_waiting_step_fails_when_its_dataload_fails(datacache_home, tmp_path):
+    """m waits for DataLoad warm (Cron, so it has not run); warm changed to Once runs and fails (its
+    Dataset has no runtime): m is Failed with warm's reason, and runs no copy."""
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x").write_bytes(b"x")
+    ds = doc("Dataset", "raw", {"mounts": [{"name": "raw", "mountPoint": str(tmp_path / "raw")}]})
+    warm = {"dataset": {"name": "raw"}, "policy": "Cron", "schedule": "0 3 * * *"}
+    m = doc("DataMigrate", "m", {"from": {"externalStorage": {"uri": str(tmp_path / "src")}},
+                                 "to": {"dataset": {"name": "raw"}}, "runAfter": {"kind": "DataLoad", "name": "warm"}})
+    apply_text(datacache_home, tmp_path, "\n---\n".join([ds, doc("DataLoad", "warm", warm), m]))
+    plane = Embedded(str(datacache_home))
+    assert plane.state.get("DataMigrate", "m")["status"]["conditions"][0]["reason"] == "WaitingForPredecessor"
+    plane.close()
+    with pytest.raises(ResourceError) as err:
+        apply_text(datacache_home, tmp_path, doc("DataLoad", "warm", {"dataset": {"name": "raw"}}), "again.yaml")
+    reason = ("dataset default/raw has no CacheRuntime: apply a CacheRuntime (or ThinRuntime) named 'raw' in namespace "
+              "'default' to cache it")
+    assert str(err.value) == f"dataload.datacache.io/warm: stored, but failed: {reason}"
+    plane = Embedded(str(datacache_home))
+    try:
+        status = plane.state.get("DataMigrate", "m")["status"]
+        assert status["phase"] == "Failed" and status["conditions"][0]["reason"] == "PredecessorFailed"
+        assert status["conditions"][0]["message"] == f"runAfter: dataload default/warm failed: {reason}"
+    finally:
+        plane.close()
+    assert os.listdir(tmp_path / "raw") == []
