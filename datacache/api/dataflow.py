@@ -157,6 +157,7 @@ class StepStatus(_Model):
     last_schedule_time: Timestamp | None = None
     last_successful_time: Timestamp | None = None
     completion_time: Timestamp | None = None
+    runner_pid: int | None = None  # embedded: the process running it, while Executing
 
 
 class DataMigrateStatus(StepStatus):

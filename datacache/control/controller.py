@@ -31,7 +31,7 @@ import time
 from typing import Callable
 
 from datacache.api.loader import load_resource_dict
-from datacache.control import autoscale, dataloads, flows
+from datacache.control import autoscale, dataloads, flows, flowstatus
 from datacache.control.embedded import Embedded
 from datacache.stack import layout, readpath
 from datacache.state import iso
@@ -99,8 +99,11 @@ class Controller:
     # -- Cron DataLoads ------------------------------------------------------------------------------
     def _cron(self, doc: dict, now: float) -> str:
         spec, status = doc["spec"], doc.get("status") or {}
-        if spec.get("policy") != "Cron" or status.get("phase") == "Executing":
+        if spec.get("policy") != "Cron":
             return ""
+        if status.get("phase") == "Executing" and (doc["kind"] == "DataLoad"
+                                                   or flowstatus.running_elsewhere(status) is not None):
+            return ""  # a DataMigrate left Executing by a killed process is due again (it resumes)
         meta = doc["metadata"]
         if not dataloads.cron_due(spec["schedule"], status.get("lastScheduleTime"), meta.get("creationTimestamp"), now):
             return ""

@@ -95,6 +95,9 @@ def on_apply(plane, res, verb: str) -> None:
         return
     if verb == "unchanged" and status.get("phase") == "Complete":
         return
+    runner = flowstatus.running_elsewhere(status)
+    if runner is not None:  # never two copies of one step at once; its end runs what follows
+        raise DatacacheError(f"it is running now (process {runner}): apply it again once it has finished")
     before = flowgraph.predecessor(to_document(res))
     if before is not None:
         parent = plane.state.get(before[0], before[2], before[1]) or {}

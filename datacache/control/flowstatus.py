@@ -3,11 +3,33 @@ as the embedded host writes them: one shape for every kind, so chains read the s
 
 from __future__ import annotations
 
+import os
 import time
 
 from datacache.state import now_iso
 
 FINISHED = ("Complete", "Failed", "Cancelled")
+
+
+def executing(started: str) -> dict:
+    """The status of a step running in this process since ``started`` (``runnerPid``: who runs it)."""
+    return {"phase": "Executing", "lastScheduleTime": started, "runnerPid": os.getpid()}
+
+
+def running_elsewhere(status: dict | None) -> int | None:
+    """The pid of another live process running the step, if its status says Executing; None
+    when nobody does (a run left Executing by a killed process can be run again)."""
+    status = status or {}
+    pid = status.get("runnerPid")
+    if status.get("phase") != "Executing" or not isinstance(pid, int) or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, another user's
+        return pid
+    return pid
 
 
 def finished(phase: str, started: str, t0: float, reason: str = "", message: str = "", **fields) -> dict:

@@ -71,14 +71,15 @@ def run_migrate(plane, dm: DataMigrate, cancel: threading.Event | None = None) -
     def write(status: dict) -> None:
         plane.state.set_status("DataMigrate", meta.name, meta.namespace, {**kept, **status})
 
-    write({"phase": "Executing", "lastScheduleTime": started})
+    running = flowstatus.executing(started)
+    write(running)
     last = [0.0]
 
     def on_progress(p: MigrateProgress) -> None:
         now = time.monotonic()
         if now - last[0] >= 1.0:
             last[0] = now
-            write({"phase": "Executing", "lastScheduleTime": started, "progress": p.as_status()})
+            write({**running, "progress": p.as_status()})
 
     secrets: list[str] = []
     try:

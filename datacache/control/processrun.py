@@ -79,7 +79,7 @@ def run_process(plane, dp: DataProcess, cancel: threading.Event | None = None) -
     def write(status: dict) -> None:
         plane.state.set_status("DataProcess", meta.name, meta.namespace, {"logFile": log_file, **status})
 
-    write({"phase": "Executing", "lastScheduleTime": started})
+    write(flowstatus.executing(started))
     try:
         plane.bound(name, namespace)
         mounted = _datacache("mount", name, spec.mount_path, "-n", namespace, "--home", plane.home, "--background",

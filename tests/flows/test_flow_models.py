@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -178,3 +179,28 @@ def test_waiting_step_fails_when_its_dataload_fails(datacache_home, tmp_path):
     finally:
         plane.close()
     assert os.listdir(tmp_path / "raw") == []
+
+
+def test_a_step_running_in_another_process_is_not_started_twice(datacache_home, tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "src").mkdir()
+    text = "\n---\n".join([doc("Dataset", "raw", {"mounts": [{"name": "raw", "mountPoint": str(tmp_path / "raw")}]}),
+                           doc("DataMigrate", "m", {"from": {"externalStorage": {"uri": str(tmp_path / "src")}},
+                                                    "to": {"dataset": {"name": "raw"}}})])
+    apply_text(datacache_home, tmp_path, text)
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        plane = Embedded(str(datacache_home))
+        plane.state.set_status("DataMigrate", "m", "default", {"phase": "Executing", "runnerPid": other.pid})
+        plane.close()
+        (tmp_path / "src" / "new").write_bytes(b"new")
+        with pytest.raises(ResourceError) as err:
+            apply_text(datacache_home, tmp_path, text)
+        assert str(err.value) == (f"datamigrate.datacache.io/m: stored, but failed: it is running now (process "
+                                  f"{other.pid}): apply it again once it has finished")
+        assert os.listdir(tmp_path / "raw") == []
+    finally:
+        other.kill()
+        other.wait()
+    apply_text(datacache_home, tmp_path, text)  # that process is gone: the run left Executing is run again
+    assert os.listdir(tmp_path / "raw") == ["new"]
