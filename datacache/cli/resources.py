@@ -20,7 +20,20 @@ KIND_NAMES = {
 FLOWS = ("dataflows", "dataflow")  # `get dataflows`: the runAfter chains of the three step kinds
 CLUSTER_SCOPED = {"ThinRuntimeProfile"}  # kept in namespace "default", whatever -n says
 _kind = click.Choice(sorted(KIND_NAMES), case_sensitive=False)
-_get_kind = click.Choice(sorted([*KIND_NAMES, *FLOWS]), case_sensitive=False)
+class _KindList(click.ParamType):
+    """``KIND`` or ``KIND,KIND,...`` (as ``kubectl get dataloads,datamigrates``): a tuple of names,
+    each checked as a ``click.Choice`` of the kinds (and ``dataflows``) checks it."""
+
+    name = "kind[,kind...]"
+    _choice = click.Choice(sorted([*KIND_NAMES, *FLOWS]), case_sensitive=False)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        return tuple(self._choice.convert(part, param, ctx) for part in str(value).split(","))
+
+
+_get_kind = _KindList()
 namespace_option = click.option("-n", "--namespace", default="default", show_default=True)
 home_option = click.option("--home", envvar="DATACACHE_HOME", default=None,
                            help="State directory (default $DATACACHE_HOME or ~/.local/share/datacache).")
@@ -69,7 +82,20 @@ def apply(files, home):
 @home_option
 def get(kind, name, output, namespace, home):
     """List resources with their status (KIND: datasets, runtimes, thinruntimes, dataloads, datamigrates,
-    dataprocesses, ...; dataflows: each runAfter chain with its steps' phases and where it stopped)."""
+    dataprocesses, ...; several joined by commas, as dataloads,datamigrates,dataprocesses; dataflows: each
+    runAfter chain with its steps' phases and where it stopped)."""
+    if len(kind) > 1:
+        if name:
+            raise click.UsageError("give one KIND with a NAME (several kinds list them all)")
+        for i, one in enumerate(kind):
+            if i:
+                click.echo("")
+            _get_one(one, None, output, namespace, home)
+        return
+    _get_one(kind[0], name, output, namespace, home)
+
+
+def _get_one(kind: str, name: str | None, output: str, namespace: str, home: str | None) -> None:
     import yaml
 
     from datacache.cli.tables import table

@@ -158,6 +158,10 @@ def test_failing_step_stops_the_chain_with_its_reason(datacache_home, moto_serve
     assert flows[1].split()[:8] == ["fetch", "datamigrate/fetch:Complete", "->", "dataprocess/derive:Failed", "->",
                                     "dataload/warm:Failed", "Failed", "dataprocess/derive"]
     assert flows[1].endswith(reason)
+    tables = dc("get", "datamigrates,dataprocesses,dataloads", home=datacache_home).stdout.split("\n\n")
+    assert [t.splitlines()[1].split()[:3] for t in tables] == [["fetch", "Once", "Complete"],
+                                                                 ["derive", "raw", "Failed"], ["warm", "processed", "Failed"]]
+    assert tables[1].splitlines()[1].split()[3] == "3"  # EXIT CODE
     described = yaml.safe_load(dc("describe", "dataload", "warm", home=datacache_home).stdout)
     assert described["flow"] == {"steps": ["datamigrate/fetch: Complete", "dataprocess/derive: Failed",
                                            "dataload/warm: Failed"],
