@@ -18,6 +18,7 @@ from datacache.api.dataflow import DataProcess
 from datacache.control import flowstatus
 from datacache.errors import DatacacheError, describe_error
 from datacache.state import now_iso
+from datacache.ufs.credentials import SECRET_ENV_PREFIX
 
 MOUNT_TIMEOUT_S = 120.0
 STOP_GRACE_S = 5.0  # seconds between SIGTERM and SIGKILL of a command that must stop
@@ -94,7 +95,9 @@ def run_process(plane, dp: DataProcess, cancel: threading.Event | None = None) -
         return False, reason
     try:
         private.makedirs(os.path.dirname(log_file))
-        env = {**os.environ, **{v.name: v.value for v in spec.env}, "DATACACHE_DATASET_PATH": spec.mount_path}
+        # The command reads through the mount: it gets no UFS credentials (embedded secrets live in env vars).
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(SECRET_ENV_PREFIX)}
+        env = {**inherited, **{v.name: v.value for v in spec.env}, "DATACACHE_DATASET_PATH": spec.mount_path}
         fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             proc = subprocess.Popen([*spec.command, *spec.args], stdin=subprocess.DEVNULL, stdout=fd,

@@ -37,12 +37,13 @@ def run(home, tmp_path, spec: dict, runtime: bool = True) -> tuple[dict, str]:
         plane.close()
 
 
-def test_reads_the_dataset_read_only(datacache_home, tmp_path):
+def test_reads_the_dataset_read_only(datacache_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("DATACACHE_SECRET_S3_KEY", "s3cr3t-value")  # the plane's secret: not the command's
     script = ("import os; p = os.environ['DATACACHE_DATASET_PATH']; print(open(p + '/in.txt').read().strip());"
-              "open(p + '/new.txt', 'w')")
+              "print(sorted(k for k in os.environ if 'SECRET' in k)); open(p + '/new.txt', 'w')")
     status, error = run(datacache_home, tmp_path, {"command": [sys.executable, "-c", script]})
     assert status["phase"] == "Failed" and status["exitCode"] == 1
-    assert status["logTail"][0] == "hello"  # read through the mount
+    assert status["logTail"][:2] == ["hello", "[]"]  # read through the mount; no secret in its environment
     assert status["logTail"][-1] == f"OSError: [Errno 30] Read-only file system: '{tmp_path}/mnt/new.txt'"
     assert "its run failed: the command failed: exit code 1; its log ends with: OSError: [Errno 30]" in error
     assert not mounted(tmp_path / "mnt") and not os.path.exists(tmp_path / "raw" / "new.txt")
