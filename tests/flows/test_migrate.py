@@ -143,3 +143,21 @@ def test_cron_migrate_fires_on_a_seconds_schedule(datacache_home, local_raw, tmp
                          "destination"]
     finally:
         plane.close()
+
+
+def test_ttl_seconds_after_finished_deletes_it(datacache_home, local_raw, tmp_path):
+    (tmp_path / "dest").mkdir()
+    path = write_yaml(tmp_path / "m.yaml", [*local_dataset("dest", tmp_path / "dest"), doc("DataMigrate", "once", {
+        "from": {"externalStorage": {"uri": str(tmp_path / "raw")}}, "to": {"dataset": {"name": "dest"}},
+        "ttlSecondsAfterFinished": 5})])
+    apply(datacache_home, path)
+    plane = Embedded(str(datacache_home))
+    try:
+        done = dataloads.parse_iso(plane.state.get("DataMigrate", "once")["status"]["completionTime"])
+        assert Controller(plane, clock=lambda: done + 4).tick() == []
+        assert Controller(plane, clock=lambda: done + 5).tick() == [
+            "datamigrate.datacache.io/once deleted (ttlSecondsAfterFinished 5 s after it finished)"]
+        assert plane.state.get("DataMigrate", "once") is None
+        assert sorted(os.listdir(tmp_path / "dest")) == ["a.bin", "b"]  # what it copied stays
+    finally:
+        plane.close()
