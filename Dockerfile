@@ -7,7 +7,7 @@ COPY datacache datacache
 COPY fuse fuse
 COPY runtimes runtimes
 COPY operator operator
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[sftp,operator]'
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[sftp,operator,juicefs]'
 
 FROM python:3.11-slim-bookworm
 # fuse3: fusermount3 and /etc/fuse.conf for the sidecar's allow_other mount (the mount itself is
@@ -17,7 +17,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends fuse3 \
     && useradd --uid 10001 --create-home --home-dir /home/datacache datacache \
     && mkdir -p /var/lib/datacache && chown 10001:10001 /var/lib/datacache && chmod 0700 /var/lib/datacache
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels 'datacache[sftp,operator]' && rm -rf /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels 'datacache[sftp,operator,juicefs]' && rm -rf /wheels
 ENV DATACACHE_HOME=/var/lib/datacache PYTHONUNBUFFERED=1
 USER 10001
 ENTRYPOINT []

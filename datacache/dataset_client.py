@@ -1,22 +1,22 @@
-"""DatasetClient: read access to one dataset through its cache, the object FUSE and fsspec use.
+"""DatasetClient: read access to one dataset's data through its cache, the object FUSE and fsspec use.
 
-It ties the layers together for one dataset: the manifest (namespace and versions), the block
-source (cache + UFS) and read-ahead settings. It knows nothing of FUSE, HTTP or the CLI.
+The data half of a dataset's read access: it opens and reads files of the dataset's namespace
+(:class:`~datacache.dataset_namespace.DatasetNamespace`, which it calls, never the reverse)
+through the block source (cache + UFS), with read-ahead and the file tier. It knows nothing of
+FUSE, HTTP or the CLI.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
-import os
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from datacache.cache.blocks import block_count, block_slice
 from datacache.cache.filetier import FileTier, materialize_entry
+from datacache.dataset_namespace import DatasetNamespace
 from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry, Manifest, normalize
 from datacache.reader import DatasetFile
@@ -26,42 +26,25 @@ AHEAD_THREADS = 8  # threads loading the next block of sequential readers, per c
 
 
 class DatasetClient:
-    """One dataset's namespace and data.
+    """One dataset's data, read through its cache.
 
-    ``name``: dataset name; ``manifest``: current snapshot; ``source``: block source (see
-    ``cache.source``); ``ufs``: its ``UnionNamespace`` (for per-file refresh); ``save_manifest``:
-    callable ``(manifest, path)`` persisting a manifest refreshed for dataset ``path``; ``readahead``: blocks read ahead on sequential reads;
-    ``load_manifest``: callable returning the stored manifest (for :meth:`reload` after a metadata
-    sync by another process); ``manifest_path``: the stored manifest's file, whose
-    ``(inode, mtime_ns, size)`` tells cheaply whether a sync replaced it; ``reload_interval``:
-    seconds between two such checks by :meth:`stat`, :meth:`listdir` and :meth:`open` (None: they
-    never check; the FUSE daemon, which does not call them, runs :meth:`maybe_reload` on a timer). With
-    ``readahead`` > 0, open files load their next block in a pool of ``AHEAD_THREADS`` threads
-    (see :mod:`datacache.reader`). ``manifest_lock``: callable returning a context manager that
-    excludes other processes' manifest writes (a sync's replace) while a refresh loads, edits and
-    saves the stored manifest. ``files``: a callable opening this node's file tier (complete
-    versions as contiguous files, :meth:`local_file`; None when it is off), called on first use so
-    a client that never opens a file (a warmup) creates no file tier; or None.
+    ``namespace``: the dataset's :class:`DatasetNamespace` (files and versions; a stale read
+    refreshes the file's entry there); ``source``: block source (see
+    :class:`~datacache.cache.blocksource.BlockSource`); ``readahead``: blocks read ahead on
+    sequential reads; with ``readahead`` > 0, open files load their next block in a pool of
+    ``AHEAD_THREADS`` threads (see :mod:`datacache.reader`). ``files``: a callable opening this
+    node's file tier (complete versions as contiguous files, :meth:`local_file`; None when it is
+    off), called on first use so a client that never opens a file (a warmup) creates no file tier;
+    or None.
     """
 
-    def __init__(self, name: str, manifest: Manifest, source, ufs, save_manifest=None, readahead: int = 4,
-                 load_manifest=None, manifest_path: str | None = None, reload_interval: float | None = 1.0,
-                 manifest_lock=contextlib.nullcontext, files: Callable[[], FileTier | None] | None = None):
-        self.name = name
-        self._manifest = manifest
-        self.generation = 0  # counts changes of the current manifest
+    def __init__(self, namespace: DatasetNamespace, source, readahead: int = 4,
+                 files: Callable[[], FileTier | None] | None = None):
+        self.namespace = namespace
+        self.name = namespace.name
         self.source = source
-        self.ufs = ufs
-        self._save = save_manifest
-        self._load = load_manifest
         self.readahead = readahead
         self._lock = threading.Lock()
-        self._manifest_lock = manifest_lock
-        self._path = manifest_path
-        self._stamp = _stamp(manifest_path)
-        self.reload_interval = reload_interval
-        self._checked = time.monotonic()
-        self._listeners: list = []
         self._ahead_pool = None
         self._open_files = files
         self._files: FileTier | None = None
@@ -70,45 +53,26 @@ class DatasetClient:
 
     @property
     def manifest(self) -> Manifest:
-        """The current snapshot. Read :attr:`generation` first, then this: a snapshot is then at
-        least as new as the generation read."""
-        return self._manifest
+        """The namespace's current snapshot (see :attr:`DatasetNamespace.manifest`)."""
+        return self.namespace.manifest
 
-    def on_change(self, listener) -> None:
-        """Call ``listener(old, new)`` (two Manifests) after each change of the current manifest
-        (:meth:`reload`, :meth:`refresh_file`), on the thread that made it."""
-        self._listeners.append(listener)
+    @property
+    def ufs(self):
+        """The dataset's ``UnionNamespace`` (the namespace's)."""
+        return self.namespace.ufs
 
-    def _changed(self, old: Manifest, new: Manifest) -> None:
-        for listener in self._listeners:
-            listener(old, new)
+    def stat(self, path: str) -> FileEntry | None:
+        """:meth:`DatasetNamespace.stat`: the file at ``path``, None for a directory; raises
+        FileNotFoundError."""
+        return self.namespace.stat(path)
+
+    def listdir(self, path: str = "") -> dict[str, FileEntry | None]:
+        """:meth:`DatasetNamespace.listdir`."""
+        return self.namespace.listdir(path)
 
     @property
     def block_size(self) -> int:
         return self.source.block_size
-
-    def stat(self, path: str) -> FileEntry | None:
-        """The file at ``path``, or None for a directory. Raises FileNotFoundError (case C8)."""
-        self._auto_reload()
-        m = self._manifest
-        try:
-            entry = m.lookup(path)
-            if entry is not None:
-                return entry
-            if m.is_dir(path):
-                return None
-        except ValueError as err:  # '..' or NUL: nothing outside the namespace exists
-            raise FileNotFoundError(errno.ENOENT, str(err), path) from None
-        raise FileNotFoundError(errno.ENOENT, "no such file or directory in dataset " + repr(self.name), path)
-
-    def listdir(self, path: str = "") -> dict[str, FileEntry | None]:
-        """Children of a directory: name -> FileEntry, or None for a subdirectory. Raises
-        FileNotFoundError (also for paths with '..'), NotADirectoryError."""
-        self._auto_reload()
-        try:
-            return self._manifest.listdir(path)
-        except ValueError as err:
-            raise FileNotFoundError(errno.ENOENT, str(err), path) from None
 
     def open(self, path: str) -> DatasetFile:
         """Open a file for reading, pinned to its current version. Raises FileNotFoundError,
@@ -192,7 +156,7 @@ class DatasetClient:
     def _stale(self, entry: FileEntry) -> None:
         """``entry``'s version can no longer be read: refresh its manifest entry, so that the next
         open reads the new version (case C5)."""
-        self.refresh_file(normalize(entry.path))
+        self.namespace.refresh_file(normalize(entry.path))
 
     def cached_fraction(self, entry: FileEntry) -> float:
         """Fraction (0..1) of the file's current-version blocks held in the cache."""
@@ -205,7 +169,7 @@ class DatasetClient:
         """Bytes of current-version blocks held in the cache, over ``entries`` (default: all)."""
         bs = self.block_size
         total = 0
-        for e in self._manifest if entries is None else entries:
+        for e in self.namespace.manifest if entries is None else entries:
             for i in range(block_count(e.size, bs)):
                 if self.source.is_cached(e, i):
                     total += min(bs, e.size - i * bs)
@@ -215,57 +179,6 @@ class DatasetClient:
         """``(used, capacity)`` bytes of the cache level blocks are written to (its first disk level)."""
         return self.source.usage()
 
-    def reload(self) -> bool:
-        """Take the stored manifest if it changed (e.g. after ``datacache sync``); returns True when
-        it did. Files already open stay on the versions they opened."""
-        if self._load is None:
-            return False
-        stamp = _stamp(self._path)
-        fresh = self._load()
-        with self._lock:
-            self._stamp = stamp
-            if fresh is None or fresh.equals(self._manifest):
-                return False
-            old, self._manifest = self._manifest, fresh
-            self.generation += 1
-        self._changed(old, fresh)
-        return True
-
-    def maybe_reload(self) -> bool:
-        """:meth:`reload` when the stored manifest's file was replaced since the last load (one
-        ``stat``: cheap); returns True when the current manifest changed."""
-        self._checked = time.monotonic()
-        if self._path is None or _stamp(self._path) == self._stamp:
-            return False
-        return self.reload()
-
-    def _auto_reload(self) -> None:
-        if self.reload_interval is not None and time.monotonic() - self._checked >= self.reload_interval:
-            self.maybe_reload()
-
-    def refresh_file(self, path: str) -> FileEntry | None:
-        """Re-read one file's metadata from the UFS into the manifest (None: it is gone)."""
-        old = self._manifest.lookup(path)
-        if old is None:
-            return None
-        try:
-            fresh = self.ufs.stat(old.mount, old.ufs_path)
-            entry = FileEntry(old.path, old.mount, old.ufs_path, fresh.size, fresh.mtime, fresh.version)
-        except FileNotFoundError:
-            entry = None
-        with self._lock, self._manifest_lock():
-            # Apply the change to the newest stored snapshot, not to ours: a sync by another
-            # process may have written a newer one, which saving ours would revert (the lock keeps
-            # a sync from replacing it between our load and our save).
-            base = (self._load() if self._load is not None else None) or self._manifest
-            new = base.with_entry(entry, old.path)
-            previous, self._manifest = self._manifest, new
-            self.generation += 1
-            if self._save is not None:
-                self._save(new, old.path)
-        self._changed(previous, new)
-        return entry
-
     def close(self) -> None:
         for pool in (self._ahead_pool, self._copy_pool):
             if pool is not None:
@@ -273,16 +186,6 @@ class DatasetClient:
         if self._files is not None:
             self._files.close()
         self.source.close()
-
-
-def _stamp(path: str | None) -> tuple | None:
-    """``(inode, mtime_ns, size)`` of ``path`` (None when absent): a save replaces the file
-    (temp file + rename), so a new inode tells a new manifest."""
-    try:
-        st = os.stat(path) if path else None
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size) if st else None
 
 
 class _RefreshingFile(DatasetFile):

@@ -219,7 +219,7 @@ def _refresh(client, stale: set[str], errors: dict[str, str]) -> dict[str, FileE
     fresh = {}
     for path in sorted(stale):
         try:
-            entry = client.refresh_file(path)
+            entry = client.namespace.refresh_file(path)
         except OSError as err:
             errors[path] = f"changed in the UFS and could not be re-read: {_reason(err)}"
             continue

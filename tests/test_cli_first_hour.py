@@ -107,6 +107,12 @@ def test_a_failed_dataset_shows_its_runtimes_capacity_and_an_unbound_one_none(da
     by_name = {r[0]: r for r in rows[1:]}
     assert by_name["broken"][1:6] == ["0B", "-", "64.00MiB", "-", "Failed"]
     assert by_name["alone"][1:6] == ["1000B", "0B", "-", "0.0%", "NotBound"]
+    # listed without a runtime: the namespace needs none, and nothing of it is cached
+    assert dc("ls", "-l", "alone", home=datacache_home, check=True).stdout.decode().split() == ["1000", "0.0%", "x"]
+    unsynced = dc("ls", "broken", home=datacache_home)  # never synced: listing syncs it, and says why not
+    assert unsynced.returncode == 1 and unsynced.stderr.decode().strip() == (
+        f"error: dataset 'broken': spec.mounts[0] ('local'): mountPoint '{tmp_path / 'missing'}' does not "
+        "exist in the UFS: fix the mountPoint or create it")
 
 
 # 19.9, 19.10 ------------------------------------------------------------------------------------
@@ -210,6 +216,13 @@ def test_apply_again_after_a_failed_first_sync_is_configured_and_delete_f_undoes
         listed = dc("get", kind, home=datacache_home, check=True).stdout.decode()
         assert listed.startswith("No ") and "resources found" in listed
     assert not os.path.exists(datacache_home / "cache" / "default" / "photos")  # its cache went with it
+    twice = dc("delete", "-f", str(path), home=datacache_home)  # said as kubectl does, not "apply it first"
+    assert twice.returncode == 1 and twice.stdout == b""
+    assert twice.stderr.decode().splitlines() == [
+        "error: dataset default/photos not found (already deleted?); see 'datacache get datasets'",
+        "error: cacheruntime default/photos not found (already deleted?); see 'datacache get cacheruntimes'"]
+    quiet = dc("delete", "-f", str(path), "--ignore-not-found", home=datacache_home, check=True)
+    assert quiet.stdout == b"" and quiet.stderr == b""
 
 
 # 18.5 -------------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def test_a_complete_version_opens_as_a_plain_local_file(datacache_home, tmp_path
         new = os.urandom(4 * BS)  # a new version after a sync: its own file id, never the old file
         (src / "shard.bin").write_bytes(new)
         plane.sync("ft")
-        client.reload()
+        client.namespace.reload()
         with fs.open("ft/shard.bin") as f:
             assert not isinstance(f, io.BufferedReader)
             assert f.read() == new

@@ -33,6 +33,7 @@ PLURALS = {
     "CacheRuntime": "cacheruntimes",
     "ThinRuntime": "thinruntimes",
     "ThinRuntimeProfile": "thinruntimeprofiles",
+    "JuiceFSRuntime": "juicefsruntimes",
     "DataLoad": "dataloads",
     "DataMigrate": "datamigrates",
     "DataProcess": "dataprocesses",
@@ -74,6 +75,7 @@ _COLUMNS = {
     ],
     "CacheRuntime": _RUNTIME_COLUMNS,
     "ThinRuntime": _RUNTIME_COLUMNS,
+    "JuiceFSRuntime": _RUNTIME_COLUMNS,
     "ThinRuntimeProfile": [_column("File System Type", ".spec.fileSystemType"), _AGE],
     "DataLoad": [
         _column("Dataset", ".spec.dataset.name"),

@@ -7,12 +7,12 @@ from typing import Annotated, Union
 from pydantic import BaseModel, Field
 
 from .dataflow import DataMigrate, DataProcess
-from .models import CacheRuntime, DataLoad, Dataset, ThinRuntime, ThinRuntimeProfile
+from .models import CacheRuntime, DataLoad, Dataset, JuiceFSRuntime, ThinRuntime, ThinRuntimeProfile
 
 __all__ = ["KINDS", "Resource"]
 
-Resource = Annotated[Union[Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, DataLoad, DataMigrate,
-                           DataProcess], Field(discriminator="kind")]
+Resource = Annotated[Union[Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, JuiceFSRuntime, DataLoad,
+                           DataMigrate, DataProcess], Field(discriminator="kind")]
 """Any resource; pydantic picks the class from ``kind``."""
 
 KINDS: dict[str, type[BaseModel]] = {
@@ -20,6 +20,7 @@ KINDS: dict[str, type[BaseModel]] = {
     "CacheRuntime": CacheRuntime,
     "ThinRuntime": ThinRuntime,
     "ThinRuntimeProfile": ThinRuntimeProfile,
+    "JuiceFSRuntime": JuiceFSRuntime,
     "DataLoad": DataLoad,
     "DataMigrate": DataMigrate,
     "DataProcess": DataProcess,

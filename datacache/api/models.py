@@ -15,6 +15,7 @@ written, with ``*_bytes`` properties giving integers; durations are seconds.
 from __future__ import annotations
 
 import datetime
+import os
 import re
 from typing import Annotated, Any, Literal, Union
 
@@ -65,6 +66,9 @@ __all__ = [
     "ThinRuntimeSpec",
     "ThinRuntime",
     "RunAfter",
+    "JuiceFSFuseSpec",
+    "JuiceFSRuntimeSpec",
+    "JuiceFSRuntime",
     "DataLoadDataset",
     "DataLoadTarget",
     "DataLoadSpec",
@@ -270,7 +274,7 @@ class EncryptOption(_Model):
 # Option names whose values are credentials: they belong in encryptOptions, never in plain YAML.
 _SECRET_OPTION_NAMES = frozenset({
     "secret", "password", "token", "session_token", "secret_access_key", "aws_secret_access_key",
-    "aws_session_token", "account_key", "sas_token", "client_secret",
+    "aws_session_token", "account_key", "sas_token", "client_secret", "metaurl", "secret-key",
 })
 
 
@@ -502,6 +506,11 @@ class Level(_Model):
     def quota_bytes(self) -> int:
         """The quota in bytes."""
         return parse_quantity(self.quota)
+
+    def directory(self, home: str, namespace: str, name: str) -> str:
+        """This disk level's directory for runtime ``namespace``/``name``: ``<path>/<ns>/<name>``,
+        a relative ``path`` (or ``~``) taken relative to ``home`` ($DATACACHE_HOME)."""
+        return os.path.join(home, os.path.expanduser(self.path), namespace, name)
 
 
 class FileTierSpec(_Model):
@@ -748,6 +757,65 @@ class ThinRuntime(_Model):
     kind: Literal["ThinRuntime"] = "ThinRuntime"
     metadata: ObjectMeta
     spec: ThinRuntimeSpec
+    status: RuntimeStatus | None = None
+
+
+# --- JuiceFSRuntime -----------------------------------------------------------------------------
+
+JUICEFS_SCHEME = "juicefs"
+register_scheme(JUICEFS_SCHEME)  # a Dataset mount 'juicefs:///[sub/dir]' names a JuiceFS volume
+JUICEFS_SECRETS = frozenset({"metaurl", "access-key", "secret-key"})
+"""A ``juicefs://`` mount's ``encryptOptions`` (Fluid's names): ``metaurl`` (required), and the
+object-storage keys when the volume's own are not to be used. The volume is formatted already
+(``juicefs format``); a juicefs mount takes no plain ``options``."""
+
+
+class JuiceFSFuseSpec(_Model):
+    """``JuiceFSRuntime.spec.fuse``: ``options`` passed to ``juicefs mount`` as ``--NAME VALUE``
+    (``--NAME`` alone for ``"true"``), e.g. ``{"attr-cache": "10", "read-only": "true"}``."""
+
+    options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("options")
+    @classmethod
+    def _check_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not re.fullmatch(r"[a-z][a-z0-9-]*", k)]
+        taken = [k for k in value if k in ("cache-dir", "cache-size", "buffer-size", "subdir", "foreground", "d",
+                                            "background", "log")]
+        problems = []
+        if bad:
+            problems.append(f"option name(s) {', '.join(map(repr, bad))} are not juicefs mount flags: write the "
+                            "flag in lowercase without dashes in front, e.g. attr-cache")
+        if taken:
+            problems.append(f"option(s) {', '.join(taken)} are set by datacache (cache dirs and sizes come from "
+                            "tieredstore, the sub-directory from the Dataset's mountPoint): remove them")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+
+class JuiceFSRuntimeSpec(_Model):
+    """``JuiceFSRuntime.spec`` (Fluid's JuiceFSRuntime, Community Edition): the JuiceFS client's
+    cache and mount flags. Each ``tieredstore`` level becomes JuiceFS cache: SSD/HDD levels
+    ``--cache-dir`` (``<path>/<namespace>/<name>``, several joined by ':') and ``--cache-size``
+    (the sum of their quotas, in MiB); a MEM level ``--buffer-size`` (its quota, in MiB).
+    ``replicas``: 0 or 1 (one JuiceFS client on this machine). ``clean_cache_policy``: on delete,
+    ``OnRuntimeDeleted`` removes the cache directories (Fluid cleans the cache on shutdown),
+    ``Retain`` keeps them for the next runtime of that name."""
+
+    replicas: Annotated[int, Field(ge=0, le=1)] = 1
+    tieredstore: TieredStore | None = None
+    fuse: JuiceFSFuseSpec = Field(default_factory=JuiceFSFuseSpec)
+    clean_cache_policy: Literal["OnRuntimeDeleted", "Retain"] = "OnRuntimeDeleted"
+
+
+class JuiceFSRuntime(_Model):
+    """A JuiceFS client as the cache engine of the Dataset of the same name (mount ``juicefs:///``)."""
+
+    api_version: Literal["datacache.io/v1alpha1"] = API_VERSION
+    kind: Literal["JuiceFSRuntime"] = "JuiceFSRuntime"
+    metadata: ObjectMeta
+    spec: JuiceFSRuntimeSpec = Field(default_factory=JuiceFSRuntimeSpec)
     status: RuntimeStatus | None = None
 
 

@@ -3,13 +3,15 @@ from the UFS.
 
 It keeps the block-source contract (:class:`~datacache.cache.blocksource.BlockSource`) that the
 Reader, DatasetClient and warmup use; the runtime's cache workers keep it too
-(``datacache.cluster.worker_source``). Fills are single-flight: concurrent requests of one missing block
-share one UFS read, threads of a process through a future per block, processes sharing the cache
-directory through a per-block file lock (:mod:`datacache.cache.filllock`; a waiter re-checks the
-cache and reads the block filled meanwhile). Bytes the UFS cannot prove to be one version
-(:class:`~datacache.entry.Unproven`) are returned to a demand read but never stored. Every fill holds its bytes against one shared
-:class:`~datacache.cache.budget.MemoryBudget`, taken before the file lock, so read-ahead and
-warmup cannot grow memory past it and no process waits for memory holding a lock.
+(``datacache.cluster.worker_source``). Fills are single-flight: concurrent requests of one missing
+block share one UFS read, threads of a process through
+:class:`~datacache.cache.singleflight.SingleFlight`, processes sharing the cache directory through a
+per-block file lock (:mod:`datacache.cache.filllock`; a waiter re-checks the cache and reads the
+block filled meanwhile). Bytes the UFS cannot prove to be one version
+(:class:`~datacache.entry.Unproven`) are returned to a demand read but never stored. Every fill
+holds its bytes against one shared :class:`~datacache.cache.budget.MemoryBudget`, taken before the
+file lock, so read-ahead and warmup cannot grow memory past it and no process waits for memory
+holding a lock.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from datacache.cache.blocks import BlockKey, PieceBlock, block_count, block_range, file_id
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.filllock import FillLocks
+from datacache.cache.singleflight import SingleFlight
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.entry import Unproven
@@ -49,8 +51,7 @@ class LocalBlockSource:
         self.block_size = block_size
         self.budget = budget
         self.stats = stats
-        self._inflight: dict[str, Future] = {}
-        self._lock = threading.Lock()
+        self._flights = SingleFlight()
         self._pool = ThreadPoolExecutor(fill_threads, thread_name_prefix="datacache-fill")
         self._fill_locks = FillLocks(store.directory) if store.directory is not None else None
         self.ufs_bytes = 0
@@ -123,47 +124,46 @@ class LocalBlockSource:
 
     def _single_flight(self, key: str, entry: FileEntry, index: int, blocking: bool,
                        background: bool = False) -> Future:
-        with self._lock:
-            fut = self._inflight.get(key)
+        fut = self._flights.joined(key)
         if fut is not None:
             return fut
         start, end = block_range(index, entry.size, self.block_size)
         nbytes = end - start
-        # Never wait for the budget holding the lock: the fills that would release it take the
-        # lock first (a deadlock once a demand read had to wait).
+        # Never wait for the budget while a fill is claimed: the fills that would release it
+        # may wait for this one (a deadlock once a demand read had to wait).
         if not self.budget.acquire(nbytes, blocking=blocking):
             return _done(None)
-        with self._lock:
-            fut = self._inflight.get(key)
-            mine = fut is None
-            if mine:
-                fut = self._inflight[key] = Future()
+        fut, mine = self._flights.claim(key)
         if not mine:  # another caller started this fill meanwhile: share it
             self.budget.release(nbytes)
             return fut
-        job = lambda: self._fill_one(key, entry, index, nbytes, fut)  # noqa: E731
+
+        def job() -> None:
+            try:
+                self._flights.run(key, fut, lambda: self._fill_one(key, entry, index))
+            finally:
+                self.budget.release(nbytes)
+
         if background:
             self._pool.submit(job)
         else:
             job()
         return fut
 
-    def _fill_one(self, key: str, entry: FileEntry, index: int, nbytes: int, fut: Future) -> None:
-        try:
-            with self._locked([key]):
-                data = self.store.get(key)  # filled by another process while this one waited
-                if data is None:
-                    start, end = block_range(index, entry.size, self.block_size)
-                    data = self._read_ufs(entry, start, end)
-                    if not isinstance(data, Unproven):  # returned, never kept
-                        self.store.put(key, data)  # a block that cannot be kept is still returned
-            fut.set_result(data)
-        except BaseException as err:  # handed to every waiter
-            fut.set_exception(err)
-        finally:
-            with self._lock:
-                self._inflight.pop(key, None)
-            self.budget.release(nbytes)
+    def _fill_one(self, key: str, entry: FileEntry, index: int) -> bytes:
+        with self._locked([key]):
+            data = self.store.get(key)  # filled by another process while this one waited
+            if data is None:
+                data = self.uncached(entry, index)
+                if not isinstance(data, Unproven):  # returned, never kept
+                    self.store.put(key, data)  # a block that cannot be kept is still returned
+        return data
+
+    def uncached(self, entry: FileEntry, index: int) -> bytes:
+        """Block ``index`` of ``entry`` read from the UFS, not stored (a draining worker serves
+        blocks it must not keep). Raises as the UFS does (StaleFileError also for a short read)."""
+        start, end = block_range(index, entry.size, self.block_size)
+        return self._read_ufs(entry, start, end)
 
     @contextlib.contextmanager
     def _locked(self, keys: list[str]):

@@ -128,24 +128,32 @@ def _sync_progress(dataset: str, every_s: float = 2.0):
 @namespace_option
 @home_option
 def ls_(target, long, namespace, home):
-    """List a directory of a dataset: DATASET[/path]."""
+    """List a directory of a dataset: DATASET[/path]. A dataset without a runtime lists too
+    (nothing of it is cached)."""
     from datacache.control.reconcile import percentage
 
     dataset, path = split_target(target)
-    client = control_plane(home).open_dataset(dataset, namespace)
+    plane = control_plane(home)
+    if plane.runtime_for(plane.get("Dataset", dataset, namespace)) is None:
+        names, client = plane.paths.namespace(dataset, namespace), None
+    else:
+        client = plane.open_dataset(dataset, namespace)
+        names = client.namespace
     try:
-        entry = client.stat(path)
-        children = {path.rsplit("/", 1)[-1]: entry} if entry is not None else client.listdir(path)
+        entry = names.stat(path)
+        children = {path.rsplit("/", 1)[-1]: entry} if entry is not None else names.listdir(path)
         for name, e in sorted(children.items()):
             if not long:
                 click.echo(name + ("/" if e is None else ""))
             elif e is None:
                 click.echo(f"{'dir':>12}  {'':>7}  {name}/")
             else:
-                cached = percentage(client.cached_bytes([e]), e.size) if e.size else "100.0%"
+                held = client.cached_bytes([e]) if client is not None else 0
+                cached = percentage(held, e.size) if e.size else "100.0%"
                 click.echo(f"{e.size:>12}  {cached:>7}  {name}")
     finally:
-        client.close()
+        if client is not None:
+            client.close()
 
 
 @click.command()

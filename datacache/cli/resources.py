@@ -16,6 +16,7 @@ KIND_NAMES = {
     "thinruntimeprofile": "ThinRuntimeProfile", "thinruntimeprofiles": "ThinRuntimeProfile",
     "datamigrate": "DataMigrate", "datamigrates": "DataMigrate", "dm": "DataMigrate",
     "dataprocess": "DataProcess", "dataprocesses": "DataProcess", "dp": "DataProcess",
+    "juicefsruntime": "JuiceFSRuntime", "juicefsruntimes": "JuiceFSRuntime",
 }
 FLOWS = ("dataflows", "dataflow")  # `get dataflows`: the runAfter chains of the three step kinds
 CLUSTER_SCOPED = {"ThinRuntimeProfile"}  # kept in namespace "default", whatever -n says
@@ -152,9 +153,11 @@ def describe(kind, name, namespace, home):
 @click.option("-f", "--filename", "files", multiple=True, type=click.Path(dir_okay=False),
               help="Delete the resources these YAML files name (as kubectl delete -f); repeatable.")
 @click.option("--force", is_flag=True, help="Delete a Dataset even while it is mounted (unmounts it lazily).")
+@click.option("--ignore-not-found", is_flag=True,
+              help="A resource that is not there counts as deleted (as kubectl delete --ignore-not-found).")
 @namespace_option
 @home_option
-def delete(kind, name, files, force, namespace, home):
+def delete(kind, name, files, force, ignore_not_found, namespace, home):
     """Delete a resource (KIND NAME), or every resource of YAML files (-f FILE). A Dataset's cached
     blocks (on every worker), manifests, hit counters and DataLoads go with it; a mounted Dataset
     is refused unless --force."""
@@ -164,7 +167,9 @@ def delete(kind, name, files, force, namespace, home):
         if not (kind and name):
             raise click.UsageError("give KIND NAME (e.g. dataset photos) or -f FILE")
         kind, namespace = _kind_ns(kind, namespace)
-        click.echo(control_plane(home).delete(kind, name, namespace, force=force))
+        plane = control_plane(home)
+        if not (ignore_not_found and plane.state.get(kind, name, namespace) is None):
+            click.echo(plane.delete(kind, name, namespace, force=force))
         return
     from datacache.api.loader import load_resources
     from datacache.errors import DatacacheError, describe_error
@@ -175,9 +180,11 @@ def delete(kind, name, files, force, namespace, home):
     named = {(r.kind, r.metadata.name, r.metadata.namespace) for r in resources}
     for res in resources:
         meta = res.metadata
+        if ignore_not_found and plane.state.get(res.kind, meta.name, meta.namespace) is None:
+            continue
         try:
             line = plane.delete(res.kind, meta.name, meta.namespace, force=force)
-            if any((kind, meta.name, meta.namespace) in named for kind in ("CacheRuntime", "ThinRuntime")):
+            if any((kind, meta.name, meta.namespace) in named for kind in ("CacheRuntime", "ThinRuntime", "JuiceFSRuntime")):
                 line = line.split(" (", 1)[0]  # not "its runtime stays": it goes next
             click.echo(line)
         except (DatacacheError, OSError) as err:  # the others are deleted, each failure is said
@@ -188,7 +195,8 @@ def delete(kind, name, files, force, namespace, home):
 
 
 # A Dataset goes before its runtime (its blocks are found through it), a ThinRuntime before its profile.
-_DELETE_ORDER = {"DataLoad": 0, "DataMigrate": 0, "DataProcess": 0, "Dataset": 1, "CacheRuntime": 2, "ThinRuntime": 3, "ThinRuntimeProfile": 4}
+_DELETE_ORDER = {"DataLoad": 0, "DataMigrate": 0, "DataProcess": 0, "Dataset": 1, "CacheRuntime": 2,
+                 "ThinRuntime": 3, "JuiceFSRuntime": 3, "ThinRuntimeProfile": 4}
 
 
 def _get_flows(plane, namespace: str) -> None:

@@ -38,6 +38,13 @@ COLUMNS = {
         ("PHASE", lambda d: _st(d, "phase")),
         ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
     ],
+    "JuiceFSRuntime": [
+        ("NAME", lambda d: d["metadata"]["name"]),
+        ("CACHE CAPACITY", lambda d: _st(d, "cacheCapacity")),
+        ("CACHED", lambda d: _st(d, "cached")),
+        ("PHASE", lambda d: _st(d, "phase")),
+        ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
+    ],
     "ThinRuntimeProfile": [
         ("NAME", lambda d: d["metadata"]["name"]),
         ("FILE SYSTEM TYPE", lambda d: d["spec"]["fileSystemType"]),

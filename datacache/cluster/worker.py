@@ -57,7 +57,8 @@ from typing import Callable
 
 from aiohttp import web
 
-from datacache.cache.blocks import BlockKey, block_range, checksum
+from datacache.cache.blocks import BlockKey, checksum
+from datacache.cache.singleflight import SingleFlight
 from datacache.cache.budget import MemoryBudget
 from datacache.cache.memory import MemoryTier
 from datacache.cache.local_source import LocalBlockSource
@@ -104,7 +105,7 @@ class Worker:
         self.current_files = current_files
         self.peer_bytes = 0  # bytes copied in from peers (read-repair and hand-off)
         self._writes = 0  # store writes in flight (fills, copies from peers): a drain waits for them
-        self._misses: dict[str, asyncio.Future] = {}
+        self._misses = SingleFlight()
         self.metrics = WorkerMetrics(self)
 
     def app(self) -> web.Application:
@@ -280,12 +281,13 @@ class Worker:
         return keys
 
     async def _single_flight(self, key: str, fn, *args):
-        """``await fn(*args)``, shared by every request for ``key`` while it runs."""
-        fut = self._misses.get(key)
-        if fut is None:
-            fut = self._misses[key] = asyncio.ensure_future(fn(*args))
-            fut.add_done_callback(lambda _: self._misses.pop(key, None))
-        return await asyncio.shield(fut)
+        """``await fn(*args)``, shared by every request for ``key`` while it runs (a request
+        that goes away cancels only its own wait)."""
+        fut, mine = self._misses.claim(key)
+        if mine:
+            task = asyncio.ensure_future(fn(*args))
+            task.add_done_callback(lambda t: self._misses.settle(key, fut, *_outcome(t)))
+        return await asyncio.shield(asyncio.wrap_future(fut))
 
     async def _fetch_missing(self, entry, index: int, key: str) -> tuple[bytes, bool]:
         """A block not in MEM or on disk: from a peer holding it (a hit for the cluster), else the
@@ -296,9 +298,8 @@ class Worker:
                 await self._keep(key, data)
                 return data, True
         if self.draining:  # served, not kept: the drain must end with nothing left here
-            start, end = block_range(index, entry.size, self.block_size)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._fills, self.source._read_ufs, entry, start, end), False
+            return await asyncio.get_running_loop().run_in_executor(self._fills, self.source.uncached, entry,
+                                                                    index), False
         hit = key in self.store
         return await self._in_pool(self.source.get, entry, index), hit
 
@@ -482,3 +483,10 @@ async def _every(seconds: float, fn) -> None:
             await asyncio.to_thread(fn)
         except Exception:
             log.exception("%s failed", getattr(fn, "__name__", fn))
+
+
+def _outcome(task: asyncio.Future) -> tuple:
+    """``(result, error)`` of a finished task, for :meth:`SingleFlight.settle`."""
+    if task.cancelled():
+        return None, asyncio.CancelledError()
+    return task.result() if task.exception() is None else None, task.exception()

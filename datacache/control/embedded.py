@@ -9,6 +9,8 @@ runs it. Status is recomputed from observations by ``reconcile`` whenever it is 
 The runtime bound to a Dataset (``datacache_runtimes.engine_for``) decides how its mounts are opened:
 a CacheRuntime reads their URLs; a ThinRuntime goes through its profile's plugin or FUSE command,
 which starts when the runtime is applied or the dataset opened, and stops when either is deleted.
+An engine with a cache of its own (JuiceFSRuntime: ``reads_through_datacache`` False) also loads
+DataLoads, reports the Dataset's figures and serves readers' mounts itself.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ from datacache.manifest import Manifest, ManifestDiff
 from datacache.ufs.mounts import UnionNamespace
 
 # A ThinRuntime (and its profile) goes before its Dataset: the Dataset's sync reads through it.
-_APPLY_ORDER = {"ThinRuntimeProfile": -2, "ThinRuntime": -1, "Dataset": 0, "CacheRuntime": 1, "DataLoad": 2,
-                "DataMigrate": 2, "DataProcess": 2}
+_APPLY_ORDER = {"ThinRuntimeProfile": -2, "ThinRuntime": -1, "JuiceFSRuntime": -1, "Dataset": 0, "CacheRuntime": 1,
+                "DataLoad": 2, "DataMigrate": 2, "DataProcess": 2}
 log = logging.getLogger("datacache.dataloads")
 
 
@@ -122,7 +124,7 @@ class Embedded:
                                          f"its run failed: see 'datacache describe dataload {res.metadata.name}'")
             elif res.kind == "DataLoad" and verb == "created":  # Cron / OnEvent: the controller runs it
                 self.state.set_status("DataLoad", res.metadata.name, res.metadata.namespace, {"phase": "Pending"})
-            elif (res.kind == "ThinRuntime" and verb != "unchanged"
+            elif (res.kind in ("ThinRuntime", "JuiceFSRuntime") and verb != "unchanged"
                   and self.state.get("Dataset", res.metadata.name, res.metadata.namespace)):
                 self.sync(res.metadata.name, res.metadata.namespace)  # (re)starts it, re-lists through it
         except (DatacacheError, OSError) as err:
@@ -149,6 +151,7 @@ class Embedded:
                         workerset.plan(replicas, current, [workerset.index_of(w) for w in remove]))
         runtime.spec.replicas = replicas
         line = self.apply([runtime])[0].replace(" configured", " scaled").replace(" unchanged", " scaled")
+        line += self.paths.engine(runtime).scale(replicas)
         return line if distributed(runtime) else f"{line} (replicas {replicas}: {reconcile.IN_PROCESS_NOTE})"
 
     def get(self, kind: str, name: str, namespace: str = "default"):
@@ -167,17 +170,23 @@ class Embedded:
         """Delete a resource. Deleting a Dataset also removes its cached blocks (in-process and on
         every worker, running or not), hit counters, manifests and DataLoads; deleting a runtime
         stops its workers and removes its cache directories. Raises ResourceError
-        while a FUSE mount of the dataset exists, unless ``force`` (then it is lazily unmounted)."""
+        while a FUSE mount of the dataset exists, unless ``force`` (then it is lazily unmounted), and
+        when there is no such resource (already deleted)."""
+        if self.state.get(kind, name, namespace) is None:
+            raise ResourceError(f"{kind.lower()} {namespace}/{name} not found (already deleted?); see "
+                                f"'datacache get {kind.lower()}s'")
         res = self.get(kind, name, namespace)
         if kind == "Dataset":
-            self._release_mounts(namespace, name, force)
             runtime = self.runtime_for(res)
+            self._release_mounts(namespace, name, force, runtime)
             if runtime is not None:
-                self._drop_blocks(runtime, name)
-                stats = self._stats(runtime)
-                stats.reset(name)
-                stats.close()
-                self._drop_stats(runtime)
+                engine = self._engine(runtime)
+                if engine is None or engine.reads_through_datacache:
+                    self._drop_blocks(runtime, name)
+                    stats = self._stats(runtime)
+                    stats.reset(name)
+                    stats.close()
+                    self._drop_stats(runtime)
                 stop_runtime(runtime, self.home)
             shutil.rmtree(self._dataset_dir(res), ignore_errors=True)
             for doc in self.state.list("DataLoad", namespace):
@@ -198,6 +207,9 @@ class Embedded:
             stop_runtime(res, self.home)
             self._drop_cache_dirs(res)
             self._drop_stats(res)
+        elif kind == "JuiceFSRuntime":
+            self._release_mounts(namespace, name, force, res)
+            self.paths.engine(res).teardown(clean_cache=True)  # the cache as cleanCachePolicy says
         self.state.delete(kind, name, namespace)
         return f"{kind.lower()}.datacache.io/{name} deleted"
 
@@ -205,8 +217,11 @@ class Embedded:
         """Remove ``runtime``'s hit counters (``stats/<ns>/<name>``): they count its dataset's reads."""
         shutil.rmtree(layout.stats_dir(self.home, runtime), ignore_errors=True)
 
-    def _release_mounts(self, namespace: str, name: str, force: bool) -> None:
-        mounted = fuse_mounts_of(namespace, name)
+    def _release_mounts(self, namespace: str, name: str, force: bool, runtime=None) -> None:
+        """Refuse while dataset ``namespace``/``name`` is mounted (datacache's own FUSE mounts, and
+        those ``runtime``'s engine serves itself), or with ``force`` unmount them lazily."""
+        engine = self._engine(runtime) if runtime is not None else None
+        mounted = fuse_mounts_of(namespace, name) + (engine.reader_mounts() if engine is not None else [])
         if mounted and not force:
             raise ResourceError(f"dataset {namespace}/{name} is mounted at {', '.join(mounted)}: unmount it first "
                                 f"(datacache unmount {mounted[0]}) or delete with --force")
@@ -261,6 +276,12 @@ class Embedded:
             status = reconcile.dataset_status(obs)
             if old_versions is not None:  # blocks no manifest names any more, until evicted (see README)
                 status["cacheStates"]["oldVersionsCached"] = format_bytes(old_versions)
+        elif kind == "JuiceFSRuntime":
+            rt = self.get(kind, name, namespace)
+            engine = self.paths.engine(rt)
+            capacity, used = engine.usage()
+            cache = {"name": f"{name}-juicefs", "ready": engine.ready(), "capacity": capacity, "used": used}
+            status = reconcile.in_process_status(rt.spec.replicas, cache)
         elif kind in ("CacheRuntime", "ThinRuntime"):
             rt = self.get(kind, name, namespace)
             if distributed(rt):
@@ -358,10 +379,14 @@ class Embedded:
             ds = dataload.spec.dataset
             if dataload.spec.load_metadata and sync_first:
                 self.sync(ds.name, ds.namespace)
-            client = self.open_dataset(ds.name, ds.namespace)
-            result = warmup(client, [t.path for t in dataload.spec.target], on_progress=progress, cancel=cancel,
-                            check=check)
-            per_worker = client.source.worker_progress()
+            dataset, runtime = self.bound(ds.name, ds.namespace)
+            targets = [t.path for t in dataload.spec.target]
+            result = self.paths.engine(runtime).load(dataset, targets, on_progress=progress, cancel=cancel)
+            per_worker = {}
+            if result is None:  # datacache's own cache: its warmup
+                client = self.open_dataset(ds.name, ds.namespace)
+                result = warmup(client, targets, on_progress=progress, cancel=cancel, check=check)
+                per_worker = client.source.worker_progress()
         except BaseException as err:  # never left Executing: Failed, saying why
             reason = "Cancelled" if isinstance(err, KeyboardInterrupt) else "LoadFailed"
             self.state.set_status("DataLoad", meta.name, meta.namespace, {
@@ -440,6 +465,9 @@ class Embedded:
                      ufs_total=manifest.total_size if manifest else 0)
         if runtime is None:
             return reconcile.DatasetObservation(**known), None
+        engine = self._engine(runtime)
+        if engine is not None and not engine.reads_through_datacache:
+            return self._reported(engine, ds, known), None
         name = ds.metadata.name
         held: set[str] = set()
         capacity = stored = 0
@@ -465,6 +493,31 @@ class Embedded:
         cached = observe.cached_bytes(manifest, held, name, runtime.spec.block_size_bytes)
         return reconcile.DatasetObservation(**known, cached=cached, capacity=capacity, hits=hits, misses=misses,
                                             remote_hits=remote), max(stored - cached, 0)
+
+    @staticmethod
+    def _reported(engine, ds: Dataset, known: dict) -> reconcile.DatasetObservation:
+        """The observation from what ``engine`` counts itself (files, bytes, cached, capacity); while
+        a sync runs, the manifest's figures (the engine is busy listing); while the engine is not
+        ready, why (its figures need it running)."""
+        if known["updating"]:
+            return reconcile.DatasetObservation(**known)
+        state = engine.state()
+        if not state.ready:  # its client starts on sync, load or read, not on a status read
+            return reconcile.DatasetObservation(**known, not_ready=state.reason)
+        try:
+            rep = engine.report(ds)
+        except (DatacacheError, OSError, ValueError) as err:
+            return reconcile.DatasetObservation(**known, error=f"cache unreadable: {describe_error(err)}")
+        known.update(file_num=rep.files, ufs_total=rep.ufs_total)
+        return reconcile.DatasetObservation(**known, cached=rep.cached, capacity=rep.capacity,
+                                            cached_percentage=rep.cached_percentage)
+
+    def _engine(self, runtime):
+        """``runtime``'s engine, or None when it cannot be built (a ThinRuntime's profile is gone)."""
+        try:
+            return self.paths.engine(runtime)
+        except ResourceError:
+            return None
 
     def _stores(self, runtime):
         """The stores holding ``runtime``'s blocks now: its in-process store, or each ready

@@ -20,7 +20,9 @@ class DatasetObservation:
     ``hits``/``misses`` of readers (``remote_hits``: those of the hits served by a cache worker on
     another node), whether a runtime is bound and the manifest exists; ``updating``: a
     metadata sync runs now; ``sync_error``: why the last sync failed ('' when it did not);
-    ``error``: why the cache cannot be read."""
+    ``error``: why the cache cannot be read; ``not_ready``: why the runtime's engine cannot give
+    its figures yet (its client not started: a state, not an error); ``cached_percentage``: the engine's own figure
+    (``juicefs warmup --check``), else None (computed from ``cached`` and ``ufs_total``)."""
 
     bound: bool
     synced: bool
@@ -34,6 +36,8 @@ class DatasetObservation:
     error: str = ""
     updating: bool = False
     sync_error: str = ""
+    cached_percentage: str | None = None
+    not_ready: str = ""
 
 
 def percentage(part: int, whole: int) -> str:
@@ -59,11 +63,13 @@ def dataset_status(obs: DatasetObservation) -> dict:
         phase, cond = "NotBound", ("Ready", "False", "NoRuntime", "no CacheRuntime with the dataset's name and namespace")
     elif not obs.synced:
         phase, cond = "Pending", ("Ready", "False", "NotSynced", "metadata not synced yet")
+    elif obs.not_ready:  # bound and listed; the engine's figures wait for it
+        phase, cond = "Bound", ("Ready", "False", "RuntimeNotReady", obs.not_ready)
     else:
         phase, cond = "Bound", ("Ready", "True", "Bound", "the dataset is bound to its runtime")
     total = obs.hits + obs.misses
     hit_ratio = percentage(obs.hits, total)
-    synced = obs.synced and not obs.error
+    synced = obs.synced and not obs.error and not obs.not_ready  # else no figure was measured
     return {
         "phase": phase,
         "conditions": [{"type": cond[0], "status": cond[1], "reason": cond[2], "message": cond[3],
@@ -74,7 +80,7 @@ def dataset_status(obs: DatasetObservation) -> dict:
             "cached": format_bytes(obs.cached) if synced else "-",
             "cacheCapacity": format_bytes(obs.capacity) if obs.bound else "-",  # no runtime: no cache
             # Unknown before the first sync: '-' rather than a number nobody measured.
-            "cachedPercentage": percentage(obs.cached, obs.ufs_total) if synced else "-",
+            "cachedPercentage": (obs.cached_percentage or percentage(obs.cached, obs.ufs_total)) if synced else "-",
             "cacheHitRatio": hit_ratio,
             # Local: in-process cache, short-circuit reads, workers on the reader's node.
             "localHitRatio": percentage(obs.hits - obs.remote_hits, total),
@@ -129,6 +135,18 @@ def tier_condition(workers: list[dict]) -> dict | None:
         status, reason, message = "True", "TiersHealthy", f"the cache tiers of {len(reporting)} worker(s) take writes"
     return {"type": "CacheTiersHealthy", "status": status, "reason": reason, "message": message,
             "lastTransitionTime": now_iso()}
+
+
+def client_runtime_status(runtime) -> dict:
+    """The status of a runtime whose clients run in the readers' pods (a JuiceFSRuntime on
+    Kubernetes): phase Ready once its children are rendered, ``cacheCapacity`` the disk levels'
+    quotas per client, no worker counts (there are no workers to count)."""
+    store = runtime.spec.tieredstore
+    capacity = sum(lv.quota_bytes for lv in (store.levels if store else []) if lv.mediumtype != "MEM")
+    return {"phase": "Ready", "cacheCapacity": format_bytes(capacity),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Rendered",
+                            "message": "its JuiceFS clients run in the FUSE sidecars and DataLoad Jobs of its dataset",
+                            "lastTransitionTime": now_iso()}]}
 
 
 IN_PROCESS_NOTE = (

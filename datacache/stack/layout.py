@@ -21,8 +21,7 @@ from datacache.api.quantity import parse_quantity
 def level_dir(home: str, runtime, level, worker: str | None = None) -> str:
     """Directory of ``runtime``'s disk ``level`` (a ``tieredstore.levels[]`` model); with
     ``worker`` (``worker-<i>``) that worker's own directory below it."""
-    base = os.path.join(home, os.path.expanduser(level.path))
-    path = os.path.join(base, runtime.metadata.namespace, runtime.metadata.name)
+    path = level.directory(home, runtime.metadata.namespace, runtime.metadata.name)
     return os.path.join(path, worker) if worker else path
 
 

@@ -28,6 +28,7 @@ from datacache.cache.local_source import LocalBlockSource
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.dataset_client import DatasetClient
+from datacache.dataset_namespace import DatasetNamespace
 from datacache.cluster import membership
 from datacache.errors import ResourceError
 from datacache.manifest import Manifest
@@ -39,6 +40,8 @@ from datacache.ufs.schemes import register_profile_schemes
 
 log = logging.getLogger(__name__)
 READAHEAD_BUDGET = 256 << 20  # bytes held by read-ahead and fills in flight, per process
+RUNTIME_KINDS = ("CacheRuntime", "ThinRuntime", "JuiceFSRuntime")
+"""Runtime kinds a Dataset binds to, in the order :meth:`ReadPath.runtime_for` looks for them."""
 
 
 def distributed(runtime) -> bool:
@@ -81,8 +84,8 @@ class ReadPath:
 
     def runtime_for(self, dataset):
         """The runtime bound to ``dataset`` (same name and namespace, as in Fluid): its CacheRuntime,
-        else its ThinRuntime, else None."""
-        for kind in ("CacheRuntime", "ThinRuntime"):
+        else its ThinRuntime, else its JuiceFSRuntime, else None."""
+        for kind in RUNTIME_KINDS:
             doc = self.state.get(kind, dataset.metadata.name, dataset.metadata.namespace)
             if doc:
                 return load_resource_dict(doc, "state")
@@ -167,6 +170,17 @@ class ReadPath:
 
         return cluster_source.connect(self.home, runtime, ufs, self.budget, self.hit_stats(runtime))
 
+    def namespace(self, name: str, namespace: str = "default") -> DatasetNamespace:
+        """The file tree of dataset ``namespace/name`` from its stored manifest, without a runtime
+        (listing needs no cache; its files cannot be refreshed from the UFS). Raises ResourceError
+        when the dataset is missing or was never synced."""
+        ds = self.get("Dataset", name, namespace)
+        manifest = self.load_manifest(ds)
+        if manifest is None:
+            raise ResourceError(f"dataset {namespace}/{name} has no manifest yet: run 'datacache sync {name}'")
+        return DatasetNamespace(name, manifest, load_manifest=lambda: self.load_manifest(ds),
+                                manifest_path=layout.manifest_path(self.home, namespace, name))
+
     def open_dataset(self, name: str, namespace: str = "default") -> DatasetClient:
         """A DatasetClient reading dataset ``namespace/name`` through its runtime's cache. A dataset
         never synced is synced first through the ``sync`` hook. Raises ResourceError when the
@@ -178,6 +192,9 @@ class ReadPath:
                 raise ResourceError(f"dataset {namespace}/{name} has no manifest yet: run 'datacache sync {name}'")
             self._sync(name, namespace)
             manifest = self.load_manifest(ds)
+        if not self.engine(runtime).reads_through_datacache:
+            raise ResourceError(f"dataset {namespace}/{name} is read through its {runtime.kind}'s own client, "
+                                f"not datacache's cache: mount it (datacache mount {name} DIR)")
         ufs = self.ufs_for(ds, runtime)
         source = self.block_source(runtime, ufs)
         directory = layout.dataset_dir(self.home, namespace, name)
@@ -187,7 +204,7 @@ class ReadPath:
             refreshed_manifest.save(path)
             refreshed.record(directory, dataset_path)
 
-        return DatasetClient(name, manifest, source, ufs, save, readahead=runtime.spec.fuse.read_ahead_blocks,
-                             load_manifest=lambda: self.load_manifest(ds), manifest_path=path,
-                             manifest_lock=lambda: syncmark.manifest_write(directory),
+        names = DatasetNamespace(name, manifest, ufs, save, load_manifest=lambda: self.load_manifest(ds),
+                                 manifest_path=path, manifest_lock=lambda: syncmark.manifest_write(directory))
+        return DatasetClient(names, source, readahead=runtime.spec.fuse.read_ahead_blocks,
                              files=functools.partial(self.file_tier, runtime))

@@ -41,16 +41,22 @@ class _UserError(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
-def _check_dataset(home: str, dataset: str, namespace: str) -> None:
-    """Raise ``ResourceError`` (one line, with the fix) unless ``dataset`` exists with a runtime."""
+def _check_dataset(home: str, dataset: str, namespace: str, mountpoint: str, options=()) -> list[str] | None:
+    """Raise ``ResourceError`` (one line, with the fix) unless ``dataset`` exists with a runtime.
+    Returns the command of the runtime's own mount client (a JuiceFSRuntime's ``juicefs mount``),
+    or None when datacache's FUSE daemon serves it."""
     from datacache.control.embedded import read_path
     from datacache.errors import ResourceError
 
     paths = read_path(home)
     try:
-        if paths.runtime_for(paths.get("Dataset", dataset, namespace)) is None:
+        ds = paths.get("Dataset", dataset, namespace)
+        runtime = paths.runtime_for(ds)
+        if runtime is None:
             raise ResourceError(f"dataset {namespace}/{dataset} has no CacheRuntime: apply a CacheRuntime "
-                                f"(or ThinRuntime) named {dataset!r} in namespace {namespace!r} to mount it")
+                                f"(or ThinRuntime, JuiceFSRuntime) named {dataset!r} in namespace {namespace!r} to "
+                                f"mount it")
+        return paths.engine(runtime).mount_argv(ds, mountpoint, options)
     finally:
         paths.close()
 
@@ -82,14 +88,23 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
     """Mount DATASET read-only at MOUNTPOINT through FUSE.
 
     Runs in the foreground until unmounted (Ctrl-C or 'datacache unmount MOUNTPOINT'), unless
-    --background is given. A missing MOUNTPOINT is created (mode 0700, with its parents). A dead
+    --background is given. A dataset of a JuiceFSRuntime is mounted by 'juicefs mount' (its
+    client, supervised as with --restart). A missing MOUNTPOINT is created (mode 0700, with its parents). A dead
     mount left by a killed daemon is detected and replaced. Logs go to $DATACACHE_HOME/logs/.
     """
     home = _home(home)
     mountpoint = mountinfo.canonical(mountpoint)
     logfile = log_path(home, dataset, namespace, mountpoint)
     try:
-        _check_dataset(home, dataset, namespace)  # a daemon's own refusal would only reach its log
+        # a daemon's own refusal would only reach its log
+        client = _check_dataset(home, dataset, namespace, mountpoint, options)
+        if client is not None and not background:  # the engine's own client, always supervised
+            if mountinfo.probe(mountpoint) is MountState.LIVE:
+                raise MountError(f"{mountpoint} is already mounted: run 'datacache unmount {mountpoint}' first")
+            from datacache_fuse.daemon import setup_logging
+
+            setup_logging(logfile, debug=debug)
+            raise SystemExit(supervise(client, mountpoint))
         if background:
             state = mountinfo.probe(mountpoint)
             if state is MountState.LIVE:

@@ -107,7 +107,7 @@ class DatasetOperations(Operations):
         self._reload_interval = reload_interval
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
-        client.on_change(self._on_change)
+        client.namespace.on_change(self._on_change)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def init(self, session) -> None:
@@ -121,7 +121,7 @@ class DatasetOperations(Operations):
         :meth:`_on_change` when the stored manifest is new)."""
         while not self._stop.wait(self._reload_interval):
             try:
-                self.client.maybe_reload()
+                self.client.namespace.maybe_reload()
             except Exception as err:  # noqa: BLE001 - a half-written manifest: keep the current one
                 log.warning("could not reload the manifest: %s", err)
 
@@ -165,7 +165,7 @@ class DatasetOperations(Operations):
 
     def lookup(self, parent: int, name: bytes, req: Request) -> EntryOut:
         path = InodeTable.child(self._node(parent).path, os.fsdecode(name))
-        generation = self.client.generation  # before the manifest: see DatasetClient.manifest
+        generation = self.client.namespace.generation  # before the manifest: see DatasetClient.manifest
         manifest = self.client.manifest
         entry = manifest.lookup(path)
         if entry is None and not manifest.is_dir(path):
@@ -203,7 +203,7 @@ class DatasetOperations(Operations):
     # -- directories -----------------------------------------------------------------------------
     def opendir(self, ino: int, flags: int, req: Request) -> OpenOut:
         path = self._node(ino).path
-        generation = self.client.generation
+        generation = self.client.namespace.generation
         children = self.client.manifest.listdir(path)  # raises ENOENT / ENOTDIR
         fh = self._new_fh()
         with self._lock:  # a snapshot sorted by name: offsets index it, valid across calls
@@ -262,7 +262,7 @@ class DatasetOperations(Operations):
         node = self._node(ino)
         if node.entry is None:
             raise OSError(errno.EISDIR, "is a directory")
-        generation = self.client.generation
+        generation = self.client.namespace.generation
         if node.checked != generation:  # the manifest changed since: is this version still current?
             current = self.client.manifest.lookup(node.path)
             if current is None or current.version != node.entry.version:

@@ -1,8 +1,9 @@
 """kopf handlers: thin functions that load the resource, call the shared reconcile steps and write
 status. Run: ``kopf run -m datacache_operator.handlers --all-namespaces``.
 
-CacheRuntimes and ThinRuntimes go through one reconcile (:func:`reconcile_runtime`); a Dataset
-binds to its CacheRuntime, else its ThinRuntime, of the same name, as in embedded mode, and then
+CacheRuntimes and ThinRuntimes go through one reconcile (:func:`reconcile_runtime`), a
+JuiceFSRuntime through :func:`juicefs_runtime_changed` (its clients run in readers' sidecars);
+a Dataset binds to its CacheRuntime, else its ThinRuntime, else its JuiceFSRuntime, of the same name, as in embedded mode, and then
 gets its metadata sync Job (:mod:`.syncjob`), which writes the Dataset's figures and marks the
 OnEvent DataLoads whose targets changed; a mark starts that DataLoad's warmup Job. DataMigrates and
 DataProcesses (and DataLoads with ``runAfter``) start in flow order (:mod:`.flow_handlers`).
@@ -65,7 +66,7 @@ async def _dataset_for(client: AsyncClient, name: str, namespace: str) -> Any:
     return _load(found)
 
 
-RUNTIME_KINDS = ("CacheRuntime", "ThinRuntime")
+RUNTIME_KINDS = ("CacheRuntime", "ThinRuntime", "JuiceFSRuntime")
 """The kinds a Dataset binds to (same name and namespace), looked up in this order, as embedded."""
 
 
@@ -155,6 +156,23 @@ async def reconcile_runtime(body: Any, patch: kopf.Patch) -> None:
 async def runtime_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
     """A CacheRuntime or ThinRuntime was created, changed, found at start-up, or is due a status refresh."""
     await reconcile_runtime(body, patch)
+
+
+@_reconciled("juicefsruntimes", timer_id="juicefsruntime_status")
+async def juicefs_runtime_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
+    """A JuiceFSRuntime: its ConfigMap (what the sidecars and DataLoad Jobs apply) and token Secret
+    (their pods' environment names it); its clients run in those pods, so its status says the
+    runtime is rendered, with the levels' capacity (cached bytes are the Dataset's, from its pods)."""
+    runtime = _load(body)
+    name, namespace = runtime.metadata.name, runtime.metadata.namespace
+    client = AsyncClient()
+    try:
+        dataset = await _dataset_for(client, name, namespace)
+        await kube.ensure(client, manifests.config_map(dataset, runtime, body))
+        await kube.ensure(client, manifests.token_secret(runtime, secrets.token_urlsafe(32), body), replace=False)
+    finally:
+        await client.close()
+    patch.status.update(reconcile.client_runtime_status(runtime))
 
 
 @kopf.timer(GROUP, VERSION, "cacheruntimes", interval=SETTINGS.status_interval_s,

@@ -7,7 +7,11 @@ container applies to its own ``$DATACACHE_HOME`` before it starts), Secret ``NAM
 replica, ``--index`` from the pod's ordinal) or a DaemonSet (one worker per node; a ThinRuntime,
 whose ``replicas`` is 0 or 1, always gets a StatefulSet). A ThinRuntime's workers open its UFS
 through the profile's plugin or FUSE command, as embedded does; a FUSE command needs /dev/fuse and
-mount privileges, so those workers (and only those) run privileged. A DataLoad
+mount privileges, so those workers (and only those) run privileged. A JuiceFSRuntime ``NAME``
+becomes the ConfigMap and the token Secret only: its JuiceFS clients run where the data is read,
+in the FUSE sidecar the webhook injects into a labelled pod (:mod:`.webhook`) and in its
+DataLoads' Jobs, each privileged with /dev/fuse and the levels as cache directories
+(:func:`juicefs_client`). A DataLoad
 becomes Job ``NAME-dataload`` running ``datacache warmup`` (a CronJob for policy Cron; for policy
 OnEvent, a Job per metadata sync that touched its targets). A Dataset's metadata sync is in
 :mod:`.syncjob`. Every child carries an ownerReference
@@ -75,12 +79,14 @@ def worker_port(runtime: CacheRuntime) -> int:
 def config_map(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any],
                profile: ThinRuntimeProfile | None = None) -> dict[str, Any]:
     """ConfigMap ``NAME-config`` with ``resources.yaml``: the Dataset and the runtime (a
-    CacheRuntime or ThinRuntime; with a ThinRuntime its ``profile`` first) as each pod applies them
+    CacheRuntime, JuiceFSRuntime or ThinRuntime; with a ThinRuntime its ``profile`` first) as each pod applies them
     locally. The copy keeps the real ``replicas`` (so a pod with ``DATACACHE_MEMBERSHIP=dns`` reads
     through the workers DNS lists and starts none of its own, see
     :func:`datacache.control.supervisor.external_workers`) and drops autoscale (the operator drives
     the scale subresource, not the pods)."""
-    local = runtime.model_copy(update={"spec": runtime.spec.model_copy(update={"autoscale": None})})
+    spec = runtime.spec
+    local = runtime.model_copy(update={"spec": spec.model_copy(update={"autoscale": None})}) \
+        if "autoscale" in type(spec).model_fields else runtime
     name = runtime.metadata.name
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": child_meta(f"{name}-config", runtime.metadata.namespace, worker_labels(runtime), owner),
@@ -211,19 +217,14 @@ def cache_dirs_init(runtime: CacheRuntime, settings: Settings, mounts: list[dict
             "volumeMounts": mounts}
 
 
-def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any], settings: Settings,
-                    profile: ThinRuntimeProfile | None = None) -> dict[str, Any]:
-    """The workers: a StatefulSet (``settings.worker_kind``; always for a ThinRuntime) or a DaemonSet
-    named ``NAME-worker``. ``profile``: a ThinRuntime's; with a FUSE command the worker container
-    gets /dev/fuse and runs privileged (mounting needs CAP_SYS_ADMIN past the default seccomp and
-    AppArmor profiles)."""
-    name, namespace = runtime.metadata.name, runtime.metadata.namespace
-    port = worker_port(runtime)
-    volumes, mounts = base_volumes(runtime)
-    secret_vols, secret_mounts = secret_volumes(dataset)
+def tier_volumes(runtime, volumes: list[dict], mounts: list[dict]) -> tuple[int, list[dict]]:
+    """Add the volumes of ``runtime``'s tiered-store levels (module docstring) to ``volumes`` and
+    ``mounts``; returns ``(memory request in bytes, hostPath volumeMounts)``: 256 MiB for the
+    process plus the MEM quota, and the absolute-path levels, mounted at their paths."""
     memory = 256 * 1024**2  # the process itself and the read-ahead budget
     host_mounts = []
-    for level in runtime.spec.tieredstore.levels:
+    store = runtime.spec.tieredstore
+    for level in store.levels if store is not None else []:
         if level.mediumtype == "MEM":
             memory += level.quota_bytes
             continue
@@ -235,6 +236,36 @@ def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str,
         else:
             volumes.append({"name": volume, "emptyDir": {"sizeLimit": str(level.quota_bytes)}})
             mounts.append({"name": volume, "mountPath": posixpath.join(HOME, level.path)})
+    return memory, host_mounts
+
+
+def juicefs_client(container: dict[str, Any], volumes: list[dict], runtime, settings: Settings) -> None:
+    """Make ``container`` (and its pod's ``volumes``) able to run a JuiceFSRuntime's client: the
+    runtime's tiered-store levels as JuiceFS cache directories (:func:`tier_volumes`; the memory
+    request covers ``--buffer-size``), /dev/fuse, and privileged (mounting needs CAP_SYS_ADMIN
+    past the default seccomp and AppArmor profiles). Secrets stay files (:func:`secret_volumes`):
+    the client reads the metadata URL and keys from them when it starts."""
+    memory, host_mounts = tier_volumes(runtime, volumes, container["volumeMounts"])
+    container["volumeMounts"] += host_mounts
+    device_volumes, device = fuse_device(settings, "dev-fuse")
+    volumes += device_volumes
+    container["volumeMounts"] += device.get("volumeMounts", [])
+    container.setdefault("resources", {}).setdefault("requests", {})["memory"] = str(memory)
+    container["resources"].update(device.get("resources", {}))
+    container["securityContext"] = {"privileged": True, "runAsUser": 0, "runAsNonRoot": False}
+
+
+def worker_workload(dataset: Dataset, runtime: CacheRuntime, owner: Mapping[str, Any], settings: Settings,
+                    profile: ThinRuntimeProfile | None = None) -> dict[str, Any]:
+    """The workers: a StatefulSet (``settings.worker_kind``; always for a ThinRuntime) or a DaemonSet
+    named ``NAME-worker``. ``profile``: a ThinRuntime's; with a FUSE command the worker container
+    gets /dev/fuse and runs privileged (mounting needs CAP_SYS_ADMIN past the default seccomp and
+    AppArmor profiles)."""
+    name, namespace = runtime.metadata.name, runtime.metadata.namespace
+    port = worker_port(runtime)
+    volumes, mounts = base_volumes(runtime)
+    secret_vols, secret_mounts = secret_volumes(dataset)
+    memory, host_mounts = tier_volumes(runtime, volumes, mounts)
     kind = "StatefulSet" if runtime.kind == "ThinRuntime" else settings.worker_kind
     stateful = kind == "StatefulSet"
     # StatefulSet pods are NAME-worker-<ordinal>: the ordinal is the worker's placement index. A
@@ -310,6 +341,8 @@ def dataload_job(dataload: DataLoad, dataset: Dataset, runtime: CacheRuntime, ow
               "datacache.io/dataload": name}
     container = {"name": "warmup", "image": settings.image, "command": shell(_apply(), warmup),
                  "env": pod_env(runtime, settings), "securityContext": RESTRICTED, "volumeMounts": mounts + secret_mounts}
+    if runtime.kind == "JuiceFSRuntime":  # juicefs warmup goes through a client mounted in the Job's pod
+        juicefs_client(container, volumes, runtime, settings)
     spec = job_spec(labels, container, volumes + secret_vols)
     meta = child_meta(f"{name}-dataload", namespace, labels, owner)
     if dataload.spec.policy == "Cron":

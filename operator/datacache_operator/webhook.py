@@ -12,7 +12,8 @@ non-root app read it.
 Privileges: the API server accepts ``Bidirectional`` only on a privileged container
 (pkg/apis/core/validation: "Bidirectional mount propagation is available only to privileged
 containers"), so the sidecar is privileged; it is the only such container, app containers are
-not touched beyond the volume mount. /dev/fuse comes from a device plugin's extended resource when
+not touched beyond the volume mount. For a JuiceFSRuntime the sidecar's ``datacache mount`` runs
+``juicefs mount`` (supervised), with the runtime's levels as its cache volumes. /dev/fuse comes from a device plugin's extended resource when
 one is configured, else from a hostPath char device. Secrets named by encryptOptions are mounted
 into the sidecar only, as files.
 
@@ -28,7 +29,7 @@ from typing import Any
 
 from datacache.api.models import CacheRuntime, Dataset
 
-from .manifests import base_volumes, fuse_device, pod_env, secret_volumes, worker_labels
+from .manifests import base_volumes, fuse_device, pod_env, secret_volumes, tier_volumes, worker_labels
 from .settings import Settings
 
 MOUNT_PATH_ANNOTATION = "datacache.io/mount-path"
@@ -51,10 +52,15 @@ def mount_path(annotations: dict[str, str] | None, dataset: str) -> str:
     return posixpath.normpath(path)
 
 
-def _sidecar(dataset: Dataset, runtime: CacheRuntime, settings: Settings, mounts: list[dict]) -> dict[str, Any]:
+def _sidecar(dataset: Dataset, runtime: CacheRuntime, settings: Settings, mounts: list[dict],
+             memory: int = 0) -> dict[str, Any]:
+    """The sidecar container; ``memory``: bytes to request (a JuiceFS client's buffer), 0 for none."""
     name, namespace = dataset.metadata.name, dataset.metadata.namespace
-    options = ["allow_other", *(f"{k}={v}" if v else k for k, v in runtime.spec.fuse.options.items())]
-    mount = ["datacache", "mount", name, _FUSE_ROOT, "-n", namespace, "-o", ",".join(options)]
+    if runtime.kind == "JuiceFSRuntime":  # juicefs mount: its fuse.options are its own flags; allow_other as root
+        options = []
+    else:
+        options = ["-o", ",".join(["allow_other", *(f"{k}={v}" if v else k for k, v in runtime.spec.fuse.options.items())])]
+    mount = ["datacache", "mount", name, _FUSE_ROOT, "-n", namespace, *options]
     apply = ["datacache", "apply", "-f", "/etc/datacache/resources.yaml"]
     container: dict[str, Any] = {
         "name": SIDECAR,
@@ -71,6 +77,8 @@ def _sidecar(dataset: Dataset, runtime: CacheRuntime, settings: Settings, mounts
     _, device = fuse_device(settings, _DEV_FUSE)
     container["volumeMounts"] += device.pop("volumeMounts", [])
     container.update(device)
+    if memory:
+        container.setdefault("resources", {}).setdefault("requests", {})["memory"] = str(memory)
     return container
 
 
@@ -110,12 +118,18 @@ def inject(pod: dict[str, Any], dataset: Dataset, runtime: CacheRuntime, setting
     own_mounts = [{**m, "name": f"datacache-{m['name']}"} for m in base_mounts + secret_mounts]
     own.append({"name": _SHARED, "emptyDir": {}})
     own += fuse_device(settings, _DEV_FUSE)[0]
+    memory = 0
+    if runtime.kind == "JuiceFSRuntime":  # the JuiceFS client's cache directories: its levels
+        levels, level_mounts = [], []
+        memory, host_mounts = tier_volumes(runtime, levels, level_mounts)
+        own += [{**v, "name": f"datacache-{v['name']}"} for v in levels]
+        own_mounts += [{**m, "name": f"datacache-{m['name']}"} for m in level_mounts + host_mounts]
     taken = {v.get("name") for v in spec.get("volumes") or []} & {v["name"] for v in own}
     if taken:
         raise InjectionError(f"volume name(s) {', '.join(sorted(taken))} are reserved for datacache's FUSE "
                              "sidecar: rename the pod's volume")
     return {
-        "initContainers": [*init, _sidecar(dataset, runtime, settings, own_mounts)],
+        "initContainers": [*init, _sidecar(dataset, runtime, settings, own_mounts, memory)],
         "containers": containers,
         "volumes": [*(spec.get("volumes") or []), *own],
         "affinity": _prefer_worker_nodes(spec.get("affinity"), runtime),

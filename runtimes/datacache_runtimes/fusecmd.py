@@ -49,10 +49,11 @@ _CHILDREN: dict[int, subprocess.Popen] = {}  # commands this process started, re
 
 
 class FuseCommand:
-    """The FUSE command of ThinRuntime ``namespace``/``name`` under ``home`` (DATACACHE_HOME)."""
+    """The FUSE command of runtime ``namespace``/``name`` under ``home`` (DATACACHE_HOME); its
+    files in the runtime's ``kind`` directory (``thin``; ``juicefs`` for a JuiceFSRuntime)."""
 
-    def __init__(self, home: str, namespace: str, name: str):
-        self.dir = os.path.join(home, "runtimes", namespace, name, "thin")
+    def __init__(self, home: str, namespace: str, name: str, kind: str = "thin"):
+        self.dir = os.path.join(home, "runtimes", namespace, name, kind)
         self.target = os.path.join(self.dir, "mnt")
         self.config_path = os.path.join(self.dir, "config.json")
         self._state_path = os.path.join(self.dir, "fuse.json")
@@ -62,10 +63,10 @@ class FuseCommand:
         """Where the dataset mount at namespace ``path`` (``/`` or ``/name``) appears: target + path."""
         return os.path.join(self.target, path.strip("/")).rstrip("/")
 
-    def ensure(self, fuse, config: dict, who: str) -> str:
+    def ensure(self, fuse, config: dict, who: str, fix: str = "") -> str:
         """Have the command of ``fuse`` (a ThinFuseCommand) serve ``config``: start it, or restart it
         when it died or its command or config changed. Returns the target directory. ``who`` names
-        the runtime and profile in errors. Raises ``ResourceError`` (see module docstring) within
+        the runtime and profile in errors, ``fix`` what to fix (default: the profile's command). Raises ``ResourceError`` (see module docstring) within
         ``fuse.mount_timeout`` seconds plus the stop grace."""
         text = json.dumps(config, indent=2, sort_keys=True)
         digest = hashlib.sha256(json.dumps([fuse.command, text]).encode()).hexdigest()
@@ -76,7 +77,7 @@ class FuseCommand:
                 return self.target
             self._teardown(state)
             write_private(self.config_path, text)
-            self._start(fuse, dirs, digest, who)
+            self._start(fuse, dirs, digest, who, fix)
         return self.target
 
     def running(self) -> bool:
@@ -91,7 +92,7 @@ class FuseCommand:
                 self._teardown(self._state())
 
     # -- internals -------------------------------------------------------------------------------
-    def _start(self, fuse, dirs: list[str], digest: str, who: str) -> None:
+    def _start(self, fuse, dirs: list[str], digest: str, who: str, fix: str) -> None:
         argv = [arg.replace(f"$({CONFIG_VAR})", self.config_path).replace(f"$({TARGET_VAR})", self.target)
                 for arg in fuse.command]
         argv[0] = _executable(argv[0], who)
@@ -115,15 +116,16 @@ class FuseCommand:
             if code is not None:
                 problem = f"exited with status {code} before mounting {self.target!r}"
             elif time.monotonic() > deadline:
-                problem = f"did not mount {self.target!r} within {fuse.mount_timeout:g} s (spec.fuse.mountTimeout)"
+                problem = (f"did not mount {self.target!r} within {fuse.mount_timeout:g} s"
+                           + ("" if fix else " (spec.fuse.mountTimeout)"))
             else:
                 time.sleep(0.05)
                 continue
             self._teardown(state)
             raise ResourceError(
                 f"{who}: the FUSE command {argv!r} {problem}; its output: {self._log_tail() or '(none)'}; "
-                f"fix spec.fuse.command: it must mount the config's targetPath (the JSON file "
-                f"$({CONFIG_VAR})) and stay in the foreground until it is stopped")
+                + (fix or f"fix spec.fuse.command: it must mount the config's targetPath (the JSON file "
+                          f"$({CONFIG_VAR})) and stay in the foreground until it is stopped"))
 
     def _ready(self, dirs: list[str]) -> bool:
         points = {entry.mountpoint for entry in mounts()}

@@ -2,9 +2,9 @@
 
 As in Fluid, runtimes are built by name through one small factory
 (``datacache.stack.engines.engine_for``, which finds this module through entry-point group
-``datacache.engines``), and all answer the same three calls: ``opener(dataset)`` (how the
-Dataset's mounts become filesystems; ``None``: each mount's URL through fsspec), ``ready()`` and
-``stop()``. The cache on top (tiers,
+``datacache.engines``), and all answer the calls of ``datacache.stack.engines.Engine``; a thin
+runtime implements ``setup``/``opener`` (how the Dataset's mounts become filesystems),
+``state`` and ``teardown``, and keeps the defaults for the rest. The cache on top (tiers,
 blocks, warmup, ``datacache://``, the readers' FUSE mount, status) is the same for every runtime
 and stays in the control plane, so a thin runtime gets all of it unchanged.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 from fsspec.implementations.local import LocalFileSystem
 
 from datacache.api.models import API_VERSION
+from datacache.api.engine import Engine, EngineState
 from datacache.ufs.plugins import open_plugin_mount
 from datacache.ufs.secretfiles import secret_files
 from datacache_runtimes.fusecmd import FuseCommand
@@ -36,7 +37,7 @@ class MountedDirFileSystem(LocalFileSystem):
     protocol = ("thin-mount",)
 
 
-class ThinEngine:
+class ThinEngine(Engine):
     """A ThinRuntime (``runtime``) over its ThinRuntimeProfile (``profile``), state under ``home``."""
 
     def __init__(self, runtime, profile, home: str):
@@ -49,6 +50,10 @@ class ThinEngine:
     def options(self) -> dict:
         """The profile's options overridden by the runtime's (a mount's own override both)."""
         return {**self.profile.spec.options, **self.runtime.spec.options}
+
+    def setup(self, dataset) -> None:
+        """Start the profile's FUSE command for ``dataset`` (see :meth:`opener`)."""
+        self.opener(dataset)
 
     def opener(self, dataset):
         """A mount opener for ``dataset``; for a FUSE profile this first makes sure the command
@@ -76,10 +81,13 @@ class ThinEngine:
                 "targetPath": self.fuse.target, "runtimeOptions": self.options,
                 "accessModes": list(dataset.spec.access_modes), "mounts": mounts}
 
-    def ready(self) -> bool:
-        return self.profile.spec.plugin is not None or self.fuse.running()
+    def state(self) -> EngineState:
+        if self.profile.spec.plugin is not None or self.fuse.running():
+            return EngineState()
+        return EngineState("NotReady", f"{self.who}: its FUSE command is not running (it starts when the dataset is read)")
 
-    def stop(self) -> None:
+    def teardown(self, clean_cache: bool = True) -> None:
+        """Stop the FUSE command; the cache on top is the control plane's to remove."""
         self.fuse.stop()
 
 

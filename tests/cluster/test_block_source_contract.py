@@ -183,7 +183,7 @@ def test_a_changed_object_never_serves_new_bytes_for_the_old_version(stack):
             source.get(entry, 1)  # not cached: never the new object's bytes
         assert not source.is_cached(entry, 1)
         plane.sync("contract")
-        client.reload()
+        client.namespace.reload()
         fresh = client.stat(name)
         assert fresh.version != entry.version and source.key(fresh, 0) != source.key(entry, 0)
         assert b"".join(bytes(source.get(fresh, i)) for i in range(3)) == new

@@ -175,7 +175,7 @@ def test_warmup_and_reads_race_with_a_sync_that_overwrites_files(datacache_home,
         r = random.Random(seed)
         try:
             while not stop.is_set():
-                client.reload()  # picks up the sync; open files keep their version
+                client.namespace.reload()  # picks up the sync; open files keep their version
                 name = r.choice(sorted(old))
                 try:
                     got = sha(read_all(client, name))

@@ -50,11 +50,12 @@ def test_kustomize_installs_crds_operator_rbac_and_webhook(tmp_path):
     for obj in objects:
         validate(obj)
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == sorted(["CustomResourceDefinition"] * 7 + [
+    assert kinds == sorted(["CustomResourceDefinition"] * 8 + [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment",
         "Service", "Secret", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
     assert sorted(o["spec"]["names"]["kind"] for o in objects if o["kind"] == "CustomResourceDefinition") == [
-        "CacheRuntime", "DataLoad", "DataMigrate", "DataProcess", "Dataset", "ThinRuntime", "ThinRuntimeProfile"]
+        "CacheRuntime", "DataLoad", "DataMigrate", "DataProcess", "Dataset", "JuiceFSRuntime", "ThinRuntime",
+        "ThinRuntimeProfile"]
     by_kind = {o["kind"]: o for o in objects}
     namespace, deployment = by_kind["Namespace"], by_kind["Deployment"]
     assert namespace["metadata"]["name"] == deployment["metadata"]["namespace"] == "datacache-system"
