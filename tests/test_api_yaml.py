@@ -179,7 +179,7 @@ def test_unquoted_yaml_timestamps_become_rfc3339_text(tmp_path):
 
 def test_kinds_map_and_python_construction():
     assert set(KINDS) == {"Dataset", "CacheRuntime", "DataLoad", "ThinRuntime", "ThinRuntimeProfile",
-                          "JuiceFSRuntime"}
+                          "JuiceFSRuntime", "DataMigrate", "DataProcess"}
     ds = Dataset(metadata={"name": "x"}, spec={"mounts": [Mount(name="a", mount_point="/data")]})
     assert ds.kind == "Dataset" and ds.api_version == "datacache.io/v1alpha1"
     assert ds.spec.mounts[0].path == "/"
@@ -336,15 +336,15 @@ def test_wrong_api_version(tmp_path):
 def test_missing_api_version_and_unknown_kind(tmp_path):
     assert errors_of(tmp_path, "kind: Datset\nmetadata: {name: d}\n") == [
         "dataset.yaml: apiVersion: missing required field: expected 'datacache.io/v1alpha1'",
-        "dataset.yaml: kind: unknown kind 'Datset' (known: CacheRuntime, DataLoad, Dataset, JuiceFSRuntime, "
-        "ThinRuntime, ThinRuntimeProfile) (did you mean 'Dataset'?)",
+        "dataset.yaml: kind: unknown kind 'Datset' (known: CacheRuntime, DataLoad, DataMigrate, DataProcess, "
+        "Dataset, JuiceFSRuntime, ThinRuntime, ThinRuntimeProfile) (did you mean 'Dataset'?)",
     ]
 
 
 def test_missing_kind(tmp_path):
     assert errors_of(tmp_path, HEADER + "metadata: {name: d}\n") == [
-        "dataset.yaml: kind: missing required field: expected one of CacheRuntime, DataLoad, Dataset, JuiceFSRuntime, "
-        "ThinRuntime, ThinRuntimeProfile"
+        "dataset.yaml: kind: missing required field: expected one of CacheRuntime, DataLoad, DataMigrate, "
+        "DataProcess, Dataset, JuiceFSRuntime, ThinRuntime, ThinRuntimeProfile"
     ]
 
 

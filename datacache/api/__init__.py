@@ -12,6 +12,8 @@ import importlib
 _SOURCE = {
     **dict.fromkeys(("load_resource_dict", "load_resources", "to_document", "to_yaml"), "loader"),
     **dict.fromkeys(("format_bytes", "parse_quantity"), "quantity"),
+    **dict.fromkeys(("KINDS", "Resource"), "kinds"),
+    **dict.fromkeys(("DataMigrate", "DataProcess", "ExternalStorage", "MigrateEndpoint", "DatasetPath"), "dataflow"),
 }
 
 
@@ -27,6 +29,12 @@ __all__ = [
     "DataLoadSpec",
     "DataLoadStatus",
     "DataLoadTarget",
+    "DataMigrate",
+    "DataProcess",
+    "DatasetPath",
+    "ExternalStorage",
+    "MigrateEndpoint",
+    "RunAfter",
     "Dataset",
     "DatasetSpec",
     "DatasetStatus",

@@ -21,7 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .models import API_VERSION, KINDS
+from .kinds import KINDS
+from .models import API_VERSION
 
 __all__ = ["GROUP", "VERSION", "PLURALS", "CLUSTER_SCOPED", "crd", "crds", "structural"]
 
@@ -34,10 +35,13 @@ PLURALS = {
     "ThinRuntimeProfile": "thinruntimeprofiles",
     "JuiceFSRuntime": "juicefsruntimes",
     "DataLoad": "dataloads",
+    "DataMigrate": "datamigrates",
+    "DataProcess": "dataprocesses",
 }
 """Kind → plural resource name (``kubectl get datasets``)."""
 
-_SHORT_NAMES = {"Dataset": ["ds"], "CacheRuntime": ["cr"], "DataLoad": ["dl"]}
+_SHORT_NAMES = {"Dataset": ["ds"], "CacheRuntime": ["cr"], "DataLoad": ["dl"], "DataMigrate": ["dm"],
+                "DataProcess": ["dp"]}
 CLUSTER_SCOPED = frozenset({"ThinRuntimeProfile"})
 """Kinds without a namespace."""
 
@@ -77,6 +81,22 @@ _COLUMNS = {
         _column("Dataset", ".spec.dataset.name"),
         _column("Phase", ".status.phase"),
         _column("Duration", ".status.duration"),
+        _AGE,
+    ],
+    "DataMigrate": [
+        _column("Policy", ".spec.policy"),
+        _column("Phase", ".status.phase"),
+        _column("Files", ".status.progress.filesDone", "number"),
+        _column("Duration", ".status.duration"),
+        _column("Run After", ".spec.runAfter.name", priority=1),
+        _AGE,
+    ],
+    "DataProcess": [
+        _column("Dataset", ".spec.dataset.name"),
+        _column("Phase", ".status.phase"),
+        _column("Exit Code", ".status.exitCode", "integer"),
+        _column("Duration", ".status.duration"),
+        _column("Run After", ".spec.runAfter.name", priority=1),
         _AGE,
     ],
 }

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ValidationError
 
 from datacache.errors import ConfigError
 
-from .models import API_VERSION, KINDS, FieldProblems, describe
+from .kinds import KINDS
+from .models import API_VERSION, FieldProblems, describe
 
 __all__ = ["load_resources", "load_resource_dict", "to_document", "to_yaml"]
 

@@ -65,6 +65,7 @@ __all__ = [
     "ThinRuntimeProfile",
     "ThinRuntimeSpec",
     "ThinRuntime",
+    "RunAfter",
     "JuiceFSFuseSpec",
     "JuiceFSRuntimeSpec",
     "JuiceFSRuntime",
@@ -74,8 +75,6 @@ __all__ = [
     "TargetStatus",
     "DataLoadStatus",
     "DataLoad",
-    "Resource",
-    "KINDS",
     "Quota",
     "BlockSize",
     "describe",
@@ -682,10 +681,15 @@ class ThinFuseCommand(_Model):
     @field_validator("command", mode="before")
     @classmethod
     def _argv_only(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            raise ValueError(f"{describe(value)} is a string: write the command as an argv list, one item "
-                             f"per argument (e.g. {value.split()!r}); it never runs through a shell")
-        return value
+        return argv_only(value)
+
+
+def argv_only(value: Any) -> Any:
+    """``value`` unchanged unless it is a string: raise ``ValueError`` asking for an argv list."""
+    if isinstance(value, str):
+        raise ValueError(f"{describe(value)} is a string: write the command as an argv list, one item "
+                         f"per argument (e.g. {value.split()!r}); it never runs through a shell")
+    return value
 
 
 class ThinRuntimeProfileSpec(_Model):
@@ -857,6 +861,18 @@ def _check_cron(schedule: str) -> None:
                          "minute, */N for every N seconds, or drop it for a 5-field schedule")
 
 
+class RunAfter(_Model):
+    """``spec.runAfter`` of a DataLoad, DataMigrate or DataProcess: the operation this one waits
+    for, as in Fluid's DataFlow. It starts when that one is Complete and is marked Failed, with
+    the reason, when that one fails. ``namespace`` defaults to the waiting resource's own.
+    The graph is checked at apply: a missing predecessor or a cycle is refused
+    (:mod:`datacache.control.flowgraph`)."""
+
+    kind: Literal["DataLoad", "DataMigrate", "DataProcess"]
+    name: DnsLabel
+    namespace: DnsLabel | None = None
+
+
 class DataLoadDataset(_Model):
     """The Dataset a DataLoad warms up."""
 
@@ -896,24 +912,31 @@ class DataLoadSpec(_Model):
         "Cron schedule (UTC) for policy Cron: 5 fields 'minute hour day-of-month month day-of-week', or 6 "
         "with SECONDS LAST as croniter reads them ('* * * * * */10' = every 10 s; a Quartz-style "
         "seconds-first '*/20 * * * * *' is refused)."))
+    run_after: RunAfter | None = None
 
     @model_validator(mode="after")
     def _check_schedule(self) -> "DataLoadSpec":
-        if self.policy == "Cron":
-            if self.schedule is None:
-                raise FieldProblems([(("schedule",), (
-                    "missing required field: policy Cron needs a cron schedule, e.g. '0 3 * * *'"
-                ))])
-            try:
-                _check_cron(self.schedule)
-            except ValueError as err:
-                raise FieldProblems([(("schedule",), str(err))]) from None
-        elif self.schedule is not None:
-            raise FieldProblems([(("schedule",), (
-                f"a schedule is only used with policy Cron (policy is {self.policy}): "
-                "remove it or set policy: Cron"
-            ))])
+        check_schedule(self.policy, self.schedule)
         return self
+
+
+def check_schedule(policy: str, schedule: str | None) -> None:
+    """Raise :class:`FieldProblems` at ``schedule`` unless it is a valid cron schedule given with
+    policy ``Cron``, or absent with any other policy."""
+    if policy == "Cron":
+        if schedule is None:
+            raise FieldProblems([(("schedule",), (
+                "missing required field: policy Cron needs a cron schedule, e.g. '0 3 * * *'"
+            ))])
+        try:
+            _check_cron(schedule)
+        except ValueError as err:
+            raise FieldProblems([(("schedule",), str(err))]) from None
+    elif schedule is not None:
+        raise FieldProblems([(("schedule",), (
+            f"a schedule is only used with policy Cron (policy is {policy}): "
+            "remove it or set policy: Cron"
+        ))])
 
 
 class TargetStatus(_Model):
@@ -939,6 +962,7 @@ class DataLoadStatus(_Model):
     targets: list[TargetStatus] = Field(default_factory=list)
     last_schedule_time: Timestamp | None = None
     last_successful_time: Timestamp | None = None
+    completion_time: Timestamp | None = None  # set when a runAfter predecessor's failure ended it
     workers: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Per cache worker (distributed runtimes): ``{"blocks", "bytes"}`` it stored for this load."""
     progress: dict[str, int] = Field(default_factory=dict)
@@ -953,21 +977,6 @@ class DataLoad(_Model):
     metadata: ObjectMeta
     spec: DataLoadSpec
     status: DataLoadStatus | None = None
-
-
-Resource = Annotated[Union[Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, JuiceFSRuntime, DataLoad],
-                    Field(discriminator="kind")]
-"""Any resource; pydantic picks the class from ``kind``."""
-
-KINDS: dict[str, type[BaseModel]] = {
-    "Dataset": Dataset,
-    "CacheRuntime": CacheRuntime,
-    "ThinRuntime": ThinRuntime,
-    "ThinRuntimeProfile": ThinRuntimeProfile,
-    "JuiceFSRuntime": JuiceFSRuntime,
-    "DataLoad": DataLoad,
-}
-"""Kind name → model class."""
 
 
 def describe(value: Any) -> str:

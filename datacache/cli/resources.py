@@ -14,10 +14,27 @@ KIND_NAMES = {
     "dataload": "DataLoad", "dataloads": "DataLoad",
     "thinruntime": "ThinRuntime", "thinruntimes": "ThinRuntime",
     "thinruntimeprofile": "ThinRuntimeProfile", "thinruntimeprofiles": "ThinRuntimeProfile",
+    "datamigrate": "DataMigrate", "datamigrates": "DataMigrate", "dm": "DataMigrate",
+    "dataprocess": "DataProcess", "dataprocesses": "DataProcess", "dp": "DataProcess",
     "juicefsruntime": "JuiceFSRuntime", "juicefsruntimes": "JuiceFSRuntime",
 }
+FLOWS = ("dataflows", "dataflow")  # `get dataflows`: the runAfter chains of the three step kinds
 CLUSTER_SCOPED = {"ThinRuntimeProfile"}  # kept in namespace "default", whatever -n says
 _kind = click.Choice(sorted(KIND_NAMES), case_sensitive=False)
+class _KindList(click.ParamType):
+    """``KIND`` or ``KIND,KIND,...`` (as ``kubectl get dataloads,datamigrates``): a tuple of names,
+    each checked as a ``click.Choice`` of the kinds (and ``dataflows``) checks it."""
+
+    name = "kind[,kind...]"
+    _choice = click.Choice(sorted([*KIND_NAMES, *FLOWS]), case_sensitive=False)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        return tuple(self._choice.convert(part, param, ctx) for part in str(value).split(","))
+
+
+_get_kind = _KindList()
 namespace_option = click.option("-n", "--namespace", default="default", show_default=True)
 home_option = click.option("--home", envvar="DATACACHE_HOME", default=None,
                            help="State directory (default $DATACACHE_HOME or ~/.local/share/datacache).")
@@ -36,7 +53,8 @@ def control_plane(home: str | None):
               help="Resource YAML (several documents allowed); repeat for more files.")
 @home_option
 def apply(files, home):
-    """Create or update resources from YAML files (Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, DataLoad)."""
+    """Create or update resources from YAML files (Dataset, CacheRuntime, ThinRuntime, ThinRuntimeProfile, DataLoad,
+    DataMigrate, DataProcess)."""
     from datacache.api.loader import load_resources
     from datacache.control.embedded import ApplyError
 
@@ -58,17 +76,34 @@ def apply(files, home):
 
 
 @click.command()
-@click.argument("kind", type=_kind)
+@click.argument("kind", type=_get_kind)
 @click.argument("name", required=False)
 @click.option("-o", "--output", type=click.Choice(["table", "wide", "yaml", "json"]), default="table")
 @namespace_option
 @home_option
 def get(kind, name, output, namespace, home):
-    """List resources with their status (KIND: datasets, runtimes, thinruntimes, dataloads, ...)."""
+    """List resources with their status (KIND: datasets, runtimes, thinruntimes, dataloads, datamigrates,
+    dataprocesses, ...; several joined by commas, as dataloads,datamigrates,dataprocesses; dataflows: each
+    runAfter chain with its steps' phases and where it stopped)."""
+    if len(kind) > 1:
+        if name:
+            raise click.UsageError("give one KIND with a NAME (several kinds list them all)")
+        for i, one in enumerate(kind):
+            if i:
+                click.echo("")
+            _get_one(one, None, output, namespace, home)
+        return
+    _get_one(kind[0], name, output, namespace, home)
+
+
+def _get_one(kind: str, name: str | None, output: str, namespace: str, home: str | None) -> None:
     import yaml
 
     from datacache.cli.tables import table
 
+    if kind.lower() in FLOWS:
+        _get_flows(control_plane(home), namespace)
+        return
     kind, namespace = _kind_ns(kind, namespace)
     plane = control_plane(home)
     if name:
@@ -100,9 +135,15 @@ def describe(kind, name, namespace, home):
     plane.get(kind, name, namespace)
     plane.refresh_status(kind, name, namespace)
     doc = plane.state.get(kind, name, namespace)
-    upcoming = next_schedule_iso(doc) if kind == "DataLoad" else None
+    upcoming = next_schedule_iso(doc) if kind in ("DataLoad", "DataMigrate") else None
     if upcoming:  # computed, not stored: the schedule's next time after the last run
         doc.setdefault("status", {})["nextScheduleTime"] = upcoming
+    if kind in ("DataLoad", "DataMigrate", "DataProcess"):
+        from datacache.control.flows import flow_of
+
+        flow = flow_of(plane, kind, name, namespace)
+        if flow is not None:  # computed: the chain this step is in, and where it stopped
+            doc["flow"] = flow
     click.echo(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
 
 
@@ -154,8 +195,19 @@ def delete(kind, name, files, force, ignore_not_found, namespace, home):
 
 
 # A Dataset goes before its runtime (its blocks are found through it), a ThinRuntime before its profile.
-_DELETE_ORDER = {"DataLoad": 0, "Dataset": 1, "CacheRuntime": 2, "ThinRuntime": 3, "JuiceFSRuntime": 3,
-                 "ThinRuntimeProfile": 4}
+_DELETE_ORDER = {"DataLoad": 0, "DataMigrate": 0, "DataProcess": 0, "Dataset": 1, "CacheRuntime": 2,
+                 "ThinRuntime": 3, "JuiceFSRuntime": 3, "ThinRuntimeProfile": 4}
+
+
+def _get_flows(plane, namespace: str) -> None:
+    from datacache.cli.tables import rows_table
+    from datacache.control.flows import flow_rows
+
+    rows = flow_rows(plane, namespace)
+    if not rows:
+        click.echo(f"No dataflows found in namespace {namespace}.")
+        return
+    click.echo(rows_table(["FLOW", "STEPS", "PHASE", "STOPPED AT", "REASON"], rows))
 
 
 def _kind_ns(kind: str, namespace: str) -> tuple[str, str]:

@@ -64,8 +64,45 @@ COLUMNS = {
         ("NEXT SCHEDULE", lambda d: next_schedule_iso(d) or ""),
         ("TARGETS (LOADED/TOTAL)", lambda d: _targets(d)),
     ],
+    "DataMigrate": [
+        ("NAME", lambda d: d["metadata"]["name"]),
+        ("POLICY", lambda d: d["spec"].get("policy", "Once")),
+        ("PHASE", lambda d: _st(d, "phase")),
+        ("FILES (DONE/SKIPPED/TOTAL)", lambda d: _files(d)),
+        ("BYTES", lambda d: _bytes(d)),
+        ("DURATION", lambda d: _st(d, "duration")),
+        ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
+        ("RUN AFTER", lambda d: _after(d)),
+        ("FAILURES", lambda d: str(len((d.get("status") or {}).get("failures") or []))),
+        ("NEXT SCHEDULE", lambda d: next_schedule_iso(d) or ""),
+    ],
+    "DataProcess": [
+        ("NAME", lambda d: d["metadata"]["name"]),
+        ("DATASET", lambda d: d["spec"]["dataset"]["name"]),
+        ("PHASE", lambda d: _st(d, "phase")),
+        ("EXIT CODE", lambda d: _st(d, "exitCode")),
+        ("DURATION", lambda d: _st(d, "duration")),
+        ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
+        ("RUN AFTER", lambda d: _after(d)),
+        ("MOUNT PATH", lambda d: d["spec"]["mountPath"]),
+    ],
 }
-WIDE_FROM = {"Dataset": 7, "CacheRuntime": 7, "DataLoad": 5}
+WIDE_FROM = {"Dataset": 7, "CacheRuntime": 7, "DataLoad": 5, "DataMigrate": 7, "DataProcess": 6}
+
+
+def _after(doc: dict) -> str:
+    after = doc["spec"].get("runAfter")
+    return f"{after['kind'].lower()}/{after['name']}" if after else ""
+
+
+def _files(doc: dict) -> str:
+    p = (doc.get("status") or {}).get("progress") or {}
+    return f"{p['filesDone']:g}/{p.get('filesSkipped', 0):g}/{p['filesTotal']:g}" if "filesTotal" in p else ""
+
+
+def _bytes(doc: dict) -> str:
+    p = (doc.get("status") or {}).get("progress") or {}
+    return f"{format_bytes(int(p['bytesDone']))}/{format_bytes(int(p['bytesTotal']))}" if "bytesTotal" in p else ""
 
 
 def _st(doc: dict, key: str) -> str:

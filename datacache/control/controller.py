@@ -5,7 +5,11 @@ Every ``interval`` seconds one :meth:`Controller.tick`:
 
 - syncs each Dataset whose ``spec.autoSyncInterval`` (seconds) has passed since its last sync
   (:meth:`Embedded.sync`, which also fires the OnEvent DataLoads the sync's diff touches);
-- runs each Cron DataLoad whose schedule has come since its ``lastScheduleTime`` (or creation);
+- runs each Cron DataLoad and Cron DataMigrate whose schedule has come since its
+  ``lastScheduleTime`` (or creation), then the steps waiting for it (``runAfter``, see
+  :mod:`.flows`);
+- deletes each finished DataMigrate and DataProcess whose ``ttlSecondsAfterFinished`` has passed
+  since its ``completionTime``;
 - evaluates each CacheRuntime's ``spec.autoscale`` with :func:`.autoscale.decide` on its workers'
   capacity and use, and scales it (:meth:`Embedded.scale`).
 
@@ -27,7 +31,7 @@ import time
 from typing import Callable
 
 from datacache.api.loader import load_resource_dict
-from datacache.control import autoscale, dataloads
+from datacache.control import autoscale, dataloads, flows, flowstatus
 from datacache.control.embedded import Embedded
 from datacache.stack import layout, readpath
 from datacache.state import iso
@@ -57,7 +61,8 @@ class Controller:
     def tick(self) -> list[str]:
         """One pass over every resource; returns one line per action taken (also logged)."""
         events = []
-        for kind, step in (("Dataset", self._auto_sync), ("DataLoad", self._cron), ("CacheRuntime", self._autoscale)):
+        for kind, step in (("Dataset", self._auto_sync), ("DataLoad", self._cron), ("DataMigrate", self._cron),
+                           ("DataMigrate", self._ttl), ("DataProcess", self._ttl), ("CacheRuntime", self._autoscale)):
             for doc in self.plane.state.list(kind):
                 meta = doc["metadata"]
                 try:
@@ -94,14 +99,34 @@ class Controller:
     # -- Cron DataLoads ------------------------------------------------------------------------------
     def _cron(self, doc: dict, now: float) -> str:
         spec, status = doc["spec"], doc.get("status") or {}
-        if spec.get("policy") != "Cron" or status.get("phase") == "Executing":
+        if spec.get("policy") != "Cron":
             return ""
+        if status.get("phase") == "Executing" and (doc["kind"] == "DataLoad"
+                                                   or flowstatus.running_elsewhere(status) is not None):
+            return ""  # a DataMigrate left Executing by a killed process is due again (it resumes)
         meta = doc["metadata"]
         if not dataloads.cron_due(spec["schedule"], status.get("lastScheduleTime"), meta.get("creationTimestamp"), now):
             return ""
-        dataload = load_resource_dict(doc, f"state:DataLoad/{meta['namespace']}/{meta['name']}")
-        result = self.plane.run_dataload(dataload, cancel=self._stop)
+        res = load_resource_dict(doc, f"state:{doc['kind']}/{meta['namespace']}/{meta['name']}")
+        if res.kind == "DataMigrate":
+            ok, reason = flows.run_and_follow(self.plane, res, self._stop)
+            return (f"datamigrate {meta['namespace']}/{meta['name']} ran on schedule: "
+                    f"{'Complete' if ok else 'Failed'}: {reason}")
+        result = self.plane.run_dataload(res, cancel=self._stop)
+        flows.follow(self.plane, ("DataLoad", meta["namespace"], meta["name"]), result.ok, dataloads.outcome(result),
+                     self._stop)
         return f"dataload {meta['namespace']}/{meta['name']} ran on schedule: {dataloads.outcome(result)}"
+
+    # -- ttlSecondsAfterFinished ---------------------------------------------------------------------
+    def _ttl(self, doc: dict, now: float) -> str:
+        ttl, status = doc["spec"].get("ttlSecondsAfterFinished"), doc.get("status") or {}
+        done = status.get("completionTime")
+        if ttl is None or not done or status.get("phase") not in ("Complete", "Failed", "Cancelled") \
+                or dataloads.parse_iso(done) + ttl > now:
+            return ""
+        meta = doc["metadata"]
+        return self.plane.delete(doc["kind"], meta["name"], meta["namespace"]) + \
+            f" (ttlSecondsAfterFinished {ttl} s after it finished)"
 
     # -- autoscale -----------------------------------------------------------------------------------
     def _autoscale(self, doc: dict, now: float) -> str:

@@ -35,7 +35,7 @@ from datacache.dataset_client import DatasetClient
 from datacache.cluster import auth, membership
 from datacache.cluster.status import observe_workers
 from datacache.cluster import workerset
-from datacache.control import dataloads, observe, reconcile, supervisor
+from datacache.control import dataloads, flowgraph, flows, observe, reconcile, supervisor
 from datacache.stack import refreshed, syncmark
 from datacache.control.fuse_mounts import fuse_mounts_of, lazy_unmount
 from datacache.stack import layout
@@ -50,7 +50,7 @@ from datacache.ufs.mounts import UnionNamespace
 
 # A ThinRuntime (and its profile) goes before its Dataset: the Dataset's sync reads through it.
 _APPLY_ORDER = {"ThinRuntimeProfile": -2, "ThinRuntime": -1, "JuiceFSRuntime": -1, "Dataset": 0, "CacheRuntime": 1,
-                "DataLoad": 2}
+                "DataLoad": 2, "DataMigrate": 2, "DataProcess": 2}
 log = logging.getLogger("datacache.dataloads")
 
 
@@ -69,9 +69,16 @@ class Embedded:
         resource, kubectl-style (``dataset.datacache.io/demo created``). DataLoads with policy Once
         run before returning. As ``kubectl apply`` does, a document whose reconcile fails (a
         Dataset's first sync, a DataLoad's run) does not stop the others: it is stored and its
-        status says why; then :class:`ApplyError` is raised with every line and every failure."""
+        status says why; then :class:`ApplyError` is raised with every line and every failure.
+        Flow steps (DataMigrate, DataProcess, a DataLoad with runAfter) run in ``runAfter`` order
+        (see :mod:`.flows`); a missing predecessor or a cycle raises ``ResourceError`` before
+        anything is stored."""
+        docs = [to_document(r) for r in resources]
+        flowgraph.check([d for k in flowgraph.FLOW_KINDS for d in self.state.list(k)], docs)
+        place = {id(d): i for i, d in enumerate(flowgraph.order(docs))}
+        ranked = sorted(zip(docs, resources), key=lambda p: (_APPLY_ORDER[p[1].kind], place[id(p[0])]))
         lines, failures, causes = [], [], []
-        for res in sorted(resources, key=lambda r: _APPLY_ORDER[r.kind]):
+        for res in [r for _, r in ranked]:
             label = f"{res.kind.lower()}.datacache.io/{res.metadata.name}"
             try:
                 lines.append(f"{label} {self._apply_one(res)}")
@@ -101,10 +108,18 @@ class Embedded:
                 verb = "configured" if verb == "unchanged" else verb  # a failed sync ran again, and worked
             elif res.kind == "CacheRuntime":
                 verb += supervisor.converge(self.home, res)
+            elif flows.is_step(res):
+                flows.on_apply(self, res, verb)
             elif res.kind == "DataLoad" and res.spec.policy == "Once" and verb != "unchanged":
-                result = self.run_dataload(res)
+                key = ("DataLoad", res.metadata.namespace, res.metadata.name)
+                try:
+                    result = self.run_dataload(res)
+                except (DatacacheError, OSError) as err:  # the steps waiting for it fail with its reason
+                    flows.follow(self, key, False, describe_error(err))
+                    raise
+                failures = [f for t in result.targets for f in t.failures]
+                flows.follow(self, key, result.ok, "; ".join(failures[:3]) or "not every target is cached")
                 if not result.ok:  # its status says Failed and why; apply says so too
-                    failures = [f for t in result.targets for f in t.failures]
                     raise DatacacheError(f"its run failed: {'; '.join(failures[:3])}" if failures else
                                          f"its run failed: see 'datacache describe dataload {res.metadata.name}'")
             elif res.kind == "DataLoad" and verb == "created":  # Cron / OnEvent: the controller runs it

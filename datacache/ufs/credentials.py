@@ -20,9 +20,13 @@ import re
 from datacache.errors import ResourceError
 
 
+SECRET_ENV_PREFIX = "DATACACHE_SECRET_"
+"""Prefix of the environment variables holding secrets in embedded mode."""
+
+
 def env_name(secret: str, key: str) -> str:
     """Environment variable that holds ``secret``/``key`` in embedded mode."""
-    return re.sub(r"[^A-Z0-9]", "_", f"DATACACHE_SECRET_{secret}_{key}".upper())
+    return re.sub(r"[^A-Z0-9]", "_", f"{SECRET_ENV_PREFIX}{secret}_{key}".upper())
 
 
 def resolve_secret(secret: str, key: str, home: str, where: str) -> str:

@@ -5,7 +5,8 @@ CacheRuntimes and ThinRuntimes go through one reconcile (:func:`reconcile_runtim
 JuiceFSRuntime through :func:`juicefs_runtime_changed` (its clients run in readers' sidecars);
 a Dataset binds to its CacheRuntime, else its ThinRuntime, else its JuiceFSRuntime, of the same name, as in embedded mode, and then
 gets its metadata sync Job (:mod:`.syncjob`), which writes the Dataset's figures and marks the
-OnEvent DataLoads whose targets changed; a mark starts that DataLoad's warmup Job.
+OnEvent DataLoads whose targets changed; a mark starts that DataLoad's warmup Job. DataMigrates and
+DataProcesses (and DataLoads with ``runAfter``) start in flow order (:mod:`.flow_handlers`).
 
 "Not ready yet" (no Dataset for a runtime, workers still starting, a Job still running) is a
 ``kopf.TemporaryError`` with a delay: kopf retries later, the resource does not fail. A wrong spec
@@ -27,7 +28,7 @@ from datacache.control import autoscale, reconcile
 from datacache.control.kubestatus import SYNC_EVENT_ANNOTATION
 from datacache.errors import ConfigError
 
-from . import kube, manifests, syncjob, webhook, worker_reports
+from . import flow_handlers, kube, manifests, syncjob, webhook, worker_reports
 from .api_objects import from_body
 from .settings import Settings
 
@@ -252,6 +253,13 @@ async def dataload_changed(body: Any, patch: kopf.Patch, **_: Any) -> None:
     sync Job when its diff touched the targets; a run still going finishes first), then follow it;
     a running Job is a TemporaryError until it completes or fails."""
     dataload = _load(body)
+    if dataload.spec.run_after is not None:  # a step of a flow: not before its predecessor completed
+        client = AsyncClient()
+        try:
+            if not await flow_handlers.gate(client, dataload, patch, RETRY_S):
+                return
+        finally:
+            await client.close()
     ds, namespace = dataload.spec.dataset, dataload.metadata.namespace
     event = dataload.metadata.annotations.get(SYNC_EVENT_ANNOTATION, "") if dataload.spec.policy == "OnEvent" else ""
     if dataload.spec.policy == "OnEvent" and not event:
@@ -293,6 +301,9 @@ async def _replace_event_job(client: AsyncClient, job: dict[str, Any]) -> None:
         raise kopf.TemporaryError(f"DataLoad Job {meta['name']} of an earlier sync is still running: the run for "
                                   "the newer sync starts after it", delay=RETRY_S)
     await kube.delete(client, "Job", meta["name"], meta["namespace"])
+
+
+flow_handlers.register(_reconciled, _load, SETTINGS)  # DataMigrate, DataProcess
 
 
 @kopf.on.mutate("pods", labels={manifests.DATASET_LABEL: kopf.PRESENT}, operations={"CREATE"}, id="fuse-sidecar")

@@ -75,6 +75,28 @@ async def delete(client: AsyncClient, kind: str, name: str, namespace: str) -> N
             raise
 
 
+async def list_dicts(client: AsyncClient, kind: str, namespace: str) -> list[dict[str, Any]]:
+    """Every object of datacache kind ``kind`` in ``namespace``, as dicts."""
+    return [obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+            async for obj in client.list(CUSTOM[kind], namespace=namespace)]
+
+
+async def pod_dicts(client: AsyncClient, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+    """The pods matching label ``selector``, as dicts (oldest first)."""
+    pods = [pod.to_dict() async for pod in client.list(Pod, namespace=namespace, labels=selector)]
+    return sorted(pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp") or "")
+
+
+async def log_tail(client: AsyncClient, pod: str, namespace: str, container: str, lines: int) -> list[str]:
+    """The last ``lines`` lines of a container's log; [] when the API cannot give it (a pod gone,
+    a log not kept): the tail is a convenience, never a reason to fail."""
+    try:
+        return [line.rstrip("\n") async for line in client.log(pod, namespace=namespace, container=container,
+                                                                tail_lines=lines)]
+    except HTTPStatusError:
+        return []
+
+
 async def pod_ips(client: AsyncClient, namespace: str, selector: dict[str, str]) -> list[tuple[str, str]]:
     """(pod name, pod IP) of the running pods matching label ``selector``."""
     result = []

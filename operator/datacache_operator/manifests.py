@@ -117,11 +117,12 @@ def _level_volume_name(medium: str) -> str:
     return f"cache-{medium.lower()}"
 
 
-def secret_volumes(dataset: Dataset) -> tuple[list[dict], list[dict]]:
-    """(volumes, volumeMounts) putting every Secret key named by the dataset's encryptOptions at
-    ``$DATACACHE_HOME/secrets/<secret>/<key>`` (files 0400, read-only)."""
+def secret_volumes(dataset: Dataset, *extra: Any) -> tuple[list[dict], list[dict]]:
+    """(volumes, volumeMounts) putting every Secret key named by the encryptOptions of the
+    dataset's mounts (and of the ``extra`` Mounts) at ``$DATACACHE_HOME/secrets/<secret>/<key>``
+    (files 0400, read-only)."""
     keys: dict[str, set[str]] = {}
-    for mount in dataset.spec.mounts:
+    for mount in [*dataset.spec.mounts, *extra]:
         for option in mount.encrypt_options:
             ref = option.value_from.secret_key_ref
             keys.setdefault(ref.name, set()).add(ref.key)

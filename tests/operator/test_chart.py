@@ -34,7 +34,8 @@ def test_every_rendered_object_is_valid():
                        "hpa": {"enabled": True, "runtime": "imagenet"}})
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment", "HorizontalPodAutoscaler",
-                     "MutatingWebhookConfiguration", "Secret", "Service", "ServiceAccount", "ServiceMonitor"]
+                     "MutatingWebhookConfiguration", "Secret", "Service", "ServiceAccount", "ServiceMonitor",
+                     "ValidatingWebhookConfiguration"]
     for obj in objects:
         if obj["kind"] != "ServiceMonitor":  # a Prometheus Operator CRD: not in the Kubernetes schemas
             validate(obj)

@@ -32,7 +32,8 @@ def _walk(schema, path="$"):
 def test_crds_are_valid_and_structural():
     docs = crds()
     assert [d["spec"]["names"]["kind"] for d in docs] == [
-        "Dataset", "CacheRuntime", "ThinRuntime", "ThinRuntimeProfile", "JuiceFSRuntime", "DataLoad"]
+        "Dataset", "CacheRuntime", "ThinRuntime", "ThinRuntimeProfile", "JuiceFSRuntime", "DataLoad", "DataMigrate",
+        "DataProcess"]
     for doc in docs:
         validate(doc)
         schema = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

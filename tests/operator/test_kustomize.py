@@ -50,11 +50,12 @@ def test_kustomize_installs_crds_operator_rbac_and_webhook(tmp_path):
     for obj in objects:
         validate(obj)
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == sorted(["CustomResourceDefinition"] * 6 + [
+    assert kinds == sorted(["CustomResourceDefinition"] * 8 + [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment",
-        "Service", "Secret", "MutatingWebhookConfiguration"])
+        "Service", "Secret", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
     assert sorted(o["spec"]["names"]["kind"] for o in objects if o["kind"] == "CustomResourceDefinition") == [
-        "CacheRuntime", "DataLoad", "Dataset", "JuiceFSRuntime", "ThinRuntime", "ThinRuntimeProfile"]
+        "CacheRuntime", "DataLoad", "DataMigrate", "DataProcess", "Dataset", "JuiceFSRuntime", "ThinRuntime",
+        "ThinRuntimeProfile"]
     by_kind = {o["kind"]: o for o in objects}
     namespace, deployment = by_kind["Namespace"], by_kind["Deployment"]
     assert namespace["metadata"]["name"] == deployment["metadata"]["namespace"] == "datacache-system"
@@ -76,6 +77,9 @@ def test_kustomize_installs_crds_operator_rbac_and_webhook(tmp_path):
     service = hook["clientConfig"]["service"]
     assert f"{service['name']}.{service['namespace']}.svc" in names
     assert by_kind["Service"]["metadata"]["name"] == service["name"]
+    flows = by_kind["ValidatingWebhookConfiguration"]["webhooks"][0]  # runAfter checks, same server and CA
+    assert flows["clientConfig"]["caBundle"] == hook["clientConfig"]["caBundle"]
+    assert flows["clientConfig"]["service"] == {**service, "path": "/flow-run-after"}
     assert not (copy / "ca.key").exists()  # the CA's key is not kept
 
 

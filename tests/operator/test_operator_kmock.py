@@ -126,11 +126,17 @@ def _wait(check, timeout=20.0):
 
 def _review(pod):
     """The operator's AdmissionReview response for creating ``pod``."""
+    return admission_review(pod, {"group": "", "version": "v1", "kind": "Pod"}, "pods", "fuse-sidecar")
+
+
+def admission_review(obj, kind: dict, resource: str, path: str) -> dict:
+    """The operator's webhook server's answer (``response``) to an AdmissionReview creating ``obj``
+    (of ``kind`` {group, version, kind} and plural ``resource``), POSTed to ``/path``."""
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "review-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": NS,
-        "operation": "CREATE", "userInfo": {"username": "alice"}, "object": pod, "dryRun": False}}
-    request = urllib.request.Request(f"http://127.0.0.1:{os.environ['DATACACHE_WEBHOOK_PORT']}/fuse-sidecar",
+        "uid": "review-1", "kind": kind,
+        "resource": {"group": kind["group"], "version": kind["version"], "resource": resource}, "namespace": NS,
+        "operation": "CREATE", "userInfo": {"username": "alice"}, "object": obj, "dryRun": False}}
+    request = urllib.request.Request(f"http://127.0.0.1:{os.environ['DATACACHE_WEBHOOK_PORT']}/{path}",
                                      data=json.dumps(review).encode(), headers={"Content-Type": "application/json"})
     deadline = time.monotonic() + 20
     while True:
