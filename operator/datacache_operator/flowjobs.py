@@ -44,7 +44,7 @@ def migrate_config_map(dm: DataMigrate, dataset: Dataset, owner: Mapping[str, An
 def migrate_job(dm: DataMigrate, dataset: Dataset, owner: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
     """Job ``NAME-migrate`` (CronJob for policy Cron): ``datacache apply`` of the ConfigMap, with
     ``parallelism`` copies at once inside the one pod."""
-    name, namespace = dm.metadata.name, dm.metadata.namespace
+    name = dm.metadata.name
     labels = _labels("datamigrate", "datamigrate", name)
     external = [side.external_storage.as_mount() for side in (dm.spec.from_, dm.spec.to) if side.external_storage]
     secret_vols, secret_mounts = secret_volumes(dataset, *external)
