@@ -90,12 +90,14 @@ class JuiceFsVolume:
             cmd += ["--bucket", f"{self.direct}/{self.bucket}"]
         return start_fuse(mounts, "juicefs", label, cmd, mountpoint, log, env=juicefs_env(), group=True)
 
-    def copy_in(self, mounts: Mounts, files: dict[str, str], fetch, threads: int = 8) -> int:
+    def copy_in(self, mounts: Mounts, files: dict[str, str], fetch, threads: int = 8, dirs: tuple[str, ...] = ()) -> int:
         """Write ``files`` ({path in the volume: source name}) with the bytes ``fetch(name)``
-        returns, through a direct mount (see the module doc), then unmount it and remove its
-        cache. Returns bytes written."""
+        returns, and make the (empty) directories ``dirs``, through a direct mount (see the module
+        doc), then unmount it and remove its cache. Returns bytes written."""
         mnt, cache = os.path.join(self.workdir, "copy-mnt"), os.path.join(self.workdir, "copy-cache")
         mount = self.mount(mounts, "juicefs copy-in", mnt, cache, 1024, direct=True)
+        for d in dirs:
+            os.makedirs(os.path.join(mnt, d), exist_ok=True)
 
         def write(item: tuple[str, str]) -> int:
             rel, name = item
