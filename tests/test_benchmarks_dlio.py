@@ -36,3 +36,14 @@ def test_bad_arguments_name_the_option(argv, message, capsys):
     with pytest.raises(SystemExit):
         dlio.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_results_md_embeds_the_last_dlio_run(tmp_path):
+    from benchmarks.__main__ import dlio_section
+
+    assert dlio_section(str(tmp_path)) == []  # no DLIO run: no section
+    (tmp_path / "DLIO.md").write_text("DLIO 56 files x 8 MiB\n\n| system | AU |\n|---|---|\n| local | 91.0% |\n")
+    os.utime(tmp_path / "DLIO.md", (0, 86400))
+    text = "\n".join(dlio_section(str(tmp_path)))
+    assert "finished 1970-01-02 00:00 UTC" in text
+    assert "| local | 91.0% |" in text and "![DLIO chart](DLIO.png)" in text
