@@ -283,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 with run.system(name) as (folder, warm_s):
                     for key in ("io", "h100", "machine"):
-                        if key == "machine" and machine is None:
-                            machine = round(BATCH / (LOCAL_SHARE * local[2]), 4)
+                        if key == "machine" and machine is None:  # the local copy, the first system
+                            machine = round(BATCH / (LOCAL_SHARE * figures["io"][1]), 4)
                         c = {"io": 0.0, "h100": h100, "machine": machine}[key]
                         if can_drop:
                             drop_caches()
