@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     can_drop = os.access(DROP_CACHES, os.W_OK)
     run = Run(args, log)
     rows, local, bars = [], None, {}
+    started, load0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.getloadavg()[0]
     try:
         log(f"==> generating {args.files} NPZ files of {args.record_mib} MiB with DLIO")
         run.prepare(exe)
@@ -311,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         f"batch {BATCH}), {args.epochs} epochs per run; compute per batch: {machine} s (the accelerator consumes "
         f"{LOCAL_SHARE:.0%} of the local copy's pure-I/O samples/s), {h100} s (UNet3D's H100 time scaled by the file "
         f"size) and 0 (pure I/O); source: moto S3 behind the delay proxy (+{args.latency_ms:g} ms, "
-        f"{args.bandwidth_mbps:g} MB/s per connection); page cache dropped before each run",
+        f"{args.bandwidth_mbps:g} MB/s per connection); page cache dropped before each run; started {started}, "
+        f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (above ~1 other jobs share "
+        f"the {os.cpu_count()} CPUs: the figures are then noisy)",
         "", format_table(headers, rows, right=range(1, 8))])
     print(text)
     if args.out:
