@@ -210,7 +210,7 @@ def run(args: argparse.Namespace, log) -> Report:
         "",
         "Ratios, per source: each system's rate / the local copy's from that source (the limit), and / the best "
         "peer's (rclone, s3fs-fuse, fsspec's caches, JuiceFS CE). Warmup: the local copy is what the delayed source "
-        "delivers with parallel GETs (8 MiB ranged GETs, 16 in flight; from stock moto one GET per object); peers "
+        "delivers with parallel GETs (S3: one GET per object; HTTP: 8 MiB ranged GETs, 16 in flight); peers "
         "read every file once; datacache runs `datacache warmup`, JuiceFS `juicefs warmup`. Shard and Parquet reads "
         "follow the warmup; the cold epoch starts from an empty cache (page cache dropped), the warm epoch is the "
         "next one.",

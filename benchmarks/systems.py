@@ -8,10 +8,9 @@ process's peak RSS (``VmHWM``). Roles: ``local`` (the plain local copy: the limi
 behind the delay proxy) or ``http`` (nginx behind its own delay proxy, the same files and settings).
 
 - ``LocalCopy``: copies every file with parallel GETs - the best a plain copy can do from this
-  source, and the measure of what the delayed source delivers; reads ``open()`` the copy: ranged
-  GETs of ``RANGE_BYTES`` (``COPY_CONCURRENCY`` in flight), as a parallel downloader does; from stock
-  moto (``s3_ranges="moto"``, a whole-object read per ranged GET) one GET per object instead
-  (``COPY_CONCURRENCY`` objects in flight, s3fs's ``get``).
+  source, and the measure of what the delayed source delivers; reads ``open()`` the copy. From
+  S3: one GET per object (``COPY_CONCURRENCY`` objects in flight, s3fs's ``get``). From HTTP:
+  ranged GETs of ``RANGE_BYTES`` (``COPY_CONCURRENCY`` in flight), as a parallel downloader does.
 - ``DatacacheFuse`` / ``DatacacheFsspec``: a fresh ``DATACACHE_HOME`` with the demo Dataset (or, for
   HTTP, a Dataset whose mountPoint is the nginx URL) and CacheRuntime; warmup is the engine of
   ``datacache warmup`` on the folders (``s3/shards s3/parquet``, ``http/...``), in a child process
@@ -51,7 +50,7 @@ from datacache.demo.s3server import DEFAULT_REGION
 __all__ = ["SYSTEMS", "System", "make_systems"]
 
 COPY_CONCURRENCY = 16  # GETs in flight during the plain copy
-RANGE_BYTES = 8 << 20  # bytes per ranged GET of the plain copy
+RANGE_BYTES = 8 << 20  # bytes per ranged GET of the plain copy from HTTP
 
 
 class System:
@@ -145,19 +144,19 @@ class LocalCopy(System):
 
     def warmup(self, pool: ReaderPool | None, tasks: list[Task]) -> Result:
         t0 = time.perf_counter()
-        paths = [t.path for t in tasks]
-        if self.source == "s3" and self.env.s3_ranges == "moto":
-            nbytes = parallel_copy(self.env, paths, self.root)
-        else:
-            nbytes = parallel_ranged_copy(self.env, paths, self.root, self.source)
+        copy = parallel_copy if self.source == "s3" else parallel_ranged_copy
+        nbytes = copy(self.env, [t.path for t in tasks], self.root)
         return Result(time.perf_counter() - t0, nbytes, len(tasks), [], 0.0)
 
 
 def parallel_copy(env: DemoEnvironment, paths: list[str], root: str) -> int:
     """Copy the S3 objects of dataset ``paths`` (``s3/...``) to ``root`` through ``env``'s endpoint
     (the proxy): one GET per object, ``COPY_CONCURRENCY`` objects at a time (s3fs ``get``,
-    ``max_concurrency=1``). For stock moto (``env.s3_ranges == "moto"``), which reads a whole object
-    for every ranged GET: there splitting an object makes it slower, not faster. Returns bytes copied."""
+    ``max_concurrency=1``). Not ranged GETs: with stock moto (a whole-object read per ranged GET)
+    splitting an object makes it slower, and with ranges served from the stored object
+    (``--s3-server stored``) 8 MiB ranges were still not faster here (55 against 72 MB/s for the
+    quick run's shard and Parquet files: the proxy and moto are CPU-bound on 2 CPUs). Returns bytes
+    copied."""
     fs = env.s3fs(max_concurrency=1)
     local = [os.path.join(root, p[len("s3/"):]) for p in paths]
     for dst in local:
@@ -174,18 +173,14 @@ def _check_copy(env: DemoEnvironment, paths: list[str], local: list[str]) -> int
     return copied
 
 
-def parallel_ranged_copy(env: DemoEnvironment, paths: list[str], root: str, source: str = "http") -> int:
-    """Copy dataset ``paths`` (``s3/...``) from ``source`` (http: ``env.http_file`` with fsspec's
-    HTTP; s3: ``env.s3_key`` with s3fs; both through their proxy) to ``root``: every file cut into
-    ``RANGE_BYTES`` ranges, ``COPY_CONCURRENCY`` ranged GETs in flight (``cat_file``, each written in
-    place with ``pwrite``), as a parallel downloader does. Returns bytes copied; raises
-    RuntimeError when a size differs, OSError/aiohttp errors as they come."""
+def parallel_ranged_copy(env: DemoEnvironment, paths: list[str], root: str) -> int:
+    """Copy dataset ``paths`` (``s3/...``) from the HTTP source (``env.http_file``, through its
+    proxy) to ``root``: every file cut into ``RANGE_BYTES`` ranges, ``COPY_CONCURRENCY`` ranged GETs
+    in flight (fsspec's HTTP ``cat_file``, each written in place with ``pwrite``). Returns bytes
+    copied; raises RuntimeError when a size differs, OSError/aiohttp errors as they come."""
     import fsspec
 
-    if source == "s3":
-        fs, name = env.s3fs(config_kwargs={"max_pool_connections": COPY_CONCURRENCY}), env.s3_key
-    else:
-        fs, name = fsspec.filesystem("http", skip_instance_cache=True), env.http_file
+    fs = fsspec.filesystem("http", skip_instance_cache=True)
     local = [os.path.join(root, p[len("s3/"):]) for p in paths]
     jobs = []
     for p, dst in zip(paths, local, strict=True):
@@ -193,7 +188,7 @@ def parallel_ranged_copy(env: DemoEnvironment, paths: list[str], root: str, sour
         size = env.sizes[p]
         with open(dst, "wb") as f:
             f.truncate(size)
-        jobs += [(name(p), dst, start, min(start + RANGE_BYTES, size)) for start in range(0, size, RANGE_BYTES)]
+        jobs += [(env.http_file(p), dst, start, min(start + RANGE_BYTES, size)) for start in range(0, size, RANGE_BYTES)]
 
     def fetch(job: tuple[str, str, int, int]) -> None:
         url, dst, start, end = job
