@@ -3,7 +3,9 @@
 ``DemoEnvironment`` is a context manager that, inside one temporary directory it removes at the
 end:
 
-- starts moto's S3 server as a child process on 127.0.0.1 (``datacache.demo.s3server``),
+- starts moto's S3 server as a child process on 127.0.0.1 (``datacache.demo.s3server``; ``s3_ranges``:
+  ``"stored"`` serves a ranged GET from the stored object's range, as S3 does, ``"moto"`` is stock
+  moto, which reads the whole object for each ranged GET),
 - optionally (``latency_ms`` / ``bandwidth_mbps`` not None) puts a delay/bandwidth proxy in front
   of it (``benchmarks.proxy.DelayProxy``), so that it behaves like a remote object store: the
   Dataset's endpoint, ``storage_options()`` and ``s3fs()`` then go through the proxy, while the
@@ -175,6 +177,7 @@ class DemoEnvironment:
     with that first-byte latency and per-connection bandwidth (None counts as 0: none / unlimited).
     ``n_parquet`` Parquet files of ``parquet_rows`` rows in row groups of ``row_group_size`` rows.
     ``http``: also serve the bucket's files with nginx behind its own proxy (see module doc).
+    ``s3_ranges``: how moto serves a ranged GET, ``"stored"`` or ``"moto"`` (``MotoServer``'s ``ranges``).
     """
 
     n_jpeg: int = 2000
@@ -187,6 +190,7 @@ class DemoEnvironment:
     parquet_rows: int = 200_000
     row_group_size: int = 50_000
     http: bool = False
+    s3_ranges: str = "stored"
 
     work: str = field(init=False, default="")
     s3: MotoServer | None = field(init=False, default=None)
@@ -222,7 +226,7 @@ class DemoEnvironment:
             self._saved_env[k] = os.environ.get(k)
             os.environ[k] = v
         self.local_dir = os.path.join(self.work, "local-mount")
-        self.s3 = MotoServer().start()
+        self.s3 = MotoServer(ranges=self.s3_ranges).start()
         if self.latency_ms is not None or self.bandwidth_mbps is not None:
             self.proxy = DelayProxy(self.s3.endpoint_url, self.latency_ms or 0.0, self.bandwidth_mbps or 0.0).start()
         t0 = time.perf_counter()

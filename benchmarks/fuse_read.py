@@ -193,6 +193,23 @@ def vm_hwm_mib(pid: int) -> float | None:
     return None
 
 
+def tree_hwm_mib(pid: int) -> float | None:
+    """Peak RSS (``VmHWM``, MiB) of ``pid`` plus that of each of its live children (``/proc/PID/
+    task/*/children``): a FUSE daemon that runs as a supervisor and a mount process (JuiceFS in the
+    foreground) counts both. None when ``pid`` cannot be read."""
+    own = vm_hwm_mib(pid)
+    if own is None:
+        return None
+    children: set[int] = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children.update(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return own + sum(vm_hwm_mib(c) or 0.0 for c in children)
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -216,7 +233,8 @@ def fmt_quantity(n: int) -> str:
 
 @dataclass
 class Mount:
-    """One mounted system: ``kind`` datacache | rclone, its mount point and serving ``pid``."""
+    """One mounted system: ``kind`` datacache | rclone | s3fs | juicefs, its mount point and serving
+    ``pid``; ``group``: the process group ``pid`` leads is ended with it (a daemon's children)."""
 
     kind: str
     label: str
@@ -226,6 +244,7 @@ class Mount:
     proc: subprocess.Popen | None = None  # rclone: our child
     peak_rss_mib: float | None = None
     log: str = ""
+    group: bool = False
 
 
 @dataclass
@@ -280,7 +299,7 @@ class Mounts:
         (it waits for the daemon to exit), ``fusermount3 -uz`` + SIGTERM for rclone; then make sure
         the process has ended."""
         if alive(mount.pid):
-            mount.peak_rss_mib = vm_hwm_mib(mount.pid)
+            mount.peak_rss_mib = tree_hwm_mib(mount.pid)
         if mount.kind == "datacache":
             r = subprocess.run([sys.executable, "-m", "datacache", "unmount", mount.mountpoint, "--home", mount.home],
                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
@@ -299,7 +318,7 @@ class Mounts:
         for mount in reversed(self.mounts):
             try:
                 if mount.peak_rss_mib is None and alive(mount.pid):
-                    mount.peak_rss_mib = vm_hwm_mib(mount.pid)
+                    mount.peak_rss_mib = tree_hwm_mib(mount.pid)
                 _fusermount(mount.mountpoint)
                 _stop_pid(mount)
                 if is_fuse_mount(mount.mountpoint):
@@ -334,11 +353,35 @@ def _stop_pid(mount: Mount, wait: float = 10.0) -> None:
         end = time.monotonic() + 5
         while alive(mount.pid) and time.monotonic() < end:
             time.sleep(0.05)
+    if mount.group:
+        try:
+            os.killpg(mount.pid, signal.SIGKILL)  # what the daemon started and left behind
+        except (ProcessLookupError, PermissionError):
+            pass
     if mount.proc is not None:
         try:
             mount.proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
+
+
+def start_fuse(mounts: Mounts, kind: str, label: str, cmd: list[str], mountpoint: str, log: str,
+               timeout: float = 60.0, env: dict[str, str] | None = None, group: bool = False) -> Mount:
+    """Start a FUSE daemon ``cmd`` that stays in the foreground (its pid is our child's; ``env``
+    execs) in a session of its own, output to ``log``, environment ``env`` (None: ours); record it
+    in ``mounts`` (``group``: see ``Mount``) and wait up to ``timeout`` seconds for the mount.
+    Raises RuntimeError with the log's tail when it exits or does not mount in time."""
+    with open(log, "ab") as f:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=f, start_new_session=True, env=env)
+    mount = Mount(kind, label, mountpoint, proc.pid, proc=proc, log=log, group=group)
+    mounts.mounts.append(mount)
+    deadline = time.monotonic() + timeout
+    while not is_fuse_mount(mountpoint):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with open(log, errors="replace") as f:
+                raise RuntimeError(f"{kind} did not mount (exit {proc.poll()}): {f.read()[-1000:]}")
+        time.sleep(0.05)
+    return mount
 
 
 # -- results -------------------------------------------------------------------------------------

