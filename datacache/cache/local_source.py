@@ -30,6 +30,9 @@ from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry
 
 log = logging.getLogger(__name__)
+FILL_COPIES = 2
+"""A warmup span is held twice at its peak: a network read (aiohttp, botocore) joins the body's
+chunks into one bytes object at its end, and storing copies each block out of the span."""
 
 
 class LocalBlockSource:
@@ -88,21 +91,23 @@ class LocalBlockSource:
         its bytes pass their checksum (each is read; ``juicefs warmup --check``); a missing or
         damaged one is loaded again. Returns the bytes newly stored; raises the UFS's error,
         ``OSError(ENOSPC)`` when the store cannot keep a block, or ``OSError(EBUSY)`` when the
-        bytes cannot be proven one version (another process has the local file open for writing)."""
+        bytes cannot be proven one version (another process has the local file open for writing).
+        Holds ``FILL_COPIES`` times the span's bytes against the memory budget while it runs."""
         held = self.store.verify if check else self.store.__contains__
         missing = [i for i in range(first, last + 1) if not held(str(self.key(entry, i)))]
         if not missing:
             return 0
         start = block_range(missing[0], entry.size, self.block_size)[0]
         end = block_range(missing[-1], entry.size, self.block_size)[1]
-        self.budget.acquire(end - start)  # before the locks: never wait for memory holding one
+        held = FILL_COPIES * (end - start)
+        self.budget.acquire(held)  # before the locks: never wait for memory holding one
         try:
             with self._locked([str(self.key(entry, i)) for i in missing]):
                 # another process may have filled some while this one waited for the locks
                 missing = [i for i in missing if str(self.key(entry, i)) not in self.store]
                 return self._fill_span(entry, missing) if missing else 0
         finally:
-            self.budget.release(end - start)
+            self.budget.release(held)
 
     def _fill_span(self, entry: FileEntry, missing: list[int]) -> int:
         """Store blocks ``missing`` (ascending) from one UFS read of their span; bytes stored."""
