@@ -165,15 +165,16 @@ class DatasetClient:
             return 1.0
         return sum(self.source.is_cached(entry, i) for i in range(n)) / n
 
+    def cached_file_bytes(self, entry: FileEntry) -> int:
+        """Bytes of ``entry``'s current-version blocks held in the cache (``entry.size`` when
+        complete: one presence check per block)."""
+        bs = self.block_size
+        return sum(min(bs, entry.size - i * bs) for i in range(block_count(entry.size, bs))
+                   if self.source.is_cached(entry, i))
+
     def cached_bytes(self, entries=None) -> int:
         """Bytes of current-version blocks held in the cache, over ``entries`` (default: all)."""
-        bs = self.block_size
-        total = 0
-        for e in self.namespace.manifest if entries is None else entries:
-            for i in range(block_count(e.size, bs)):
-                if self.source.is_cached(e, i):
-                    total += min(bs, e.size - i * bs)
-        return total
+        return sum(self.cached_file_bytes(e) for e in (self.namespace.manifest if entries is None else entries))
 
     def usage(self) -> tuple[int, int]:
         """``(used, capacity)`` bytes of the cache level blocks are written to (its first disk level)."""

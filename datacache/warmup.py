@@ -2,7 +2,8 @@
 
 Targets are dataset paths: a file, a directory (everything below) or a glob. Each file is cut into
 segments of up to ``segment_bytes`` (smaller when the whole load is only a few segments per thread,
-so one large object is still read by parallel GETs); a segment is one UFS read that fills several
+so one large object is still read by parallel GETs, and when ``parallel`` segments would not fit
+in the source's memory budget); a segment is one UFS read that fills several
 blocks, so a large object costs a few large GETs and a small file one. Segments run ``parallel``
 at a time (the UFS sees that many concurrent reads) and hold their bytes against the source's
 memory budget.
@@ -29,6 +30,7 @@ from queue import Empty, Full, Queue
 from typing import Callable
 
 from datacache.cache.blocks import block_count
+from datacache.cache.local_source import FILL_COPIES
 from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry
 
@@ -168,12 +170,18 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
             res.bytes = sum(e.size for e in mine)
     loaded = client.source.ufs_bytes - ufs_before
 
+    held_bytes: dict[str, int] = {}  # dataset path -> its bytes cached (a file may be under several targets)
     for res, mine in zip(results, per_target):
         if res.failures:
             res.phase = "Failed"
             continue
-        res.cached_bytes = client.cached_bytes(mine)
-        missing = [e for e in mine if client.cached_fraction(e) < 1.0]
+        # One presence check per block (a stat of its file), serial after the run: once per file,
+        # not once for the bytes and again for the fraction (2000 small files: 0.9 s -> 0.45 s).
+        for e in mine:
+            if e.path not in held_bytes:
+                held_bytes[e.path] = client.cached_file_bytes(e)
+        res.cached_bytes = sum(held_bytes[e.path] for e in mine)
+        missing = [e for e in mine if held_bytes[e.path] < e.size]
         res.cached_files = res.files - len(missing)
         # A cancelled load names only files that failed: the rest were simply not reached.
         named = [e for e in missing if e.path in file_errors] if cancelled else missing
@@ -246,8 +254,12 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
     abandoned after a cancel (still running)."""
     source, bs = client.source, client.block_size
     # Few large files would otherwise be a few long GETs on a few connections: cut segments so the
-    # whole load has at least ~4 per thread in flight (each still at least one block).
-    segment_bytes = min(segment_bytes, max(bs, sum(e.size for e in entries) // (parallel * 4)))
+    # whole load has at least ~4 per thread in flight (each still at least one block); and so that
+    # every thread's segment, held twice while it is read (see LocalBlockSource.fill), fits in the
+    # memory budget together: 8 MiB with 16 threads and 256 MiB, where 32 MiB segments had the
+    # process peak at 566 MiB warming up one 1.5 GiB file.
+    fits = source.budget.limit // (FILL_COPIES * parallel) // bs * bs
+    segment_bytes = min(segment_bytes, max(bs, sum(e.size for e in entries) // (parallel * 4)), max(bs, fits))
     errors: dict[str, str] = {}
     stale: set[str] = set()
     remaining = {e.path: block_count(e.size, bs) for e in entries}

@@ -32,6 +32,9 @@ from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry
 
 log = logging.getLogger(__name__)
+FILL_COPIES = 2
+"""A warmup span is held twice at its peak: a network read (aiohttp, botocore) joins the body's
+chunks into one bytes object at its end, and storing copies each block out of the span."""
 
 
 class LocalBlockSource:
@@ -89,24 +92,29 @@ class LocalBlockSource:
         its bytes pass their checksum (each is read; ``juicefs warmup --check``); a missing or
         damaged one is loaded again. Returns the bytes newly stored; raises the UFS's error,
         ``OSError(ENOSPC)`` when the store cannot keep a block, or ``OSError(EBUSY)`` when the
-        bytes cannot be proven one version (another process has the local file open for writing)."""
+        bytes cannot be proven one version (another process has the local file open for writing).
+        Holds ``FILL_COPIES`` times the span's bytes against the memory budget while it runs."""
+        fid = self.key(entry, first).file_id  # one hash per call, not one per block and look-up
+        keys = {i: str(BlockKey(self.dataset, fid, i)) for i in range(first, last + 1)}
         held = self.store.verify if check else self.store.__contains__
-        missing = [i for i in range(first, last + 1) if not held(str(self.key(entry, i)))]
+        missing = [i for i in keys if not held(keys[i])]
         if not missing:
             return 0
         start = block_range(missing[0], entry.size, self.block_size)[0]
         end = block_range(missing[-1], entry.size, self.block_size)[1]
-        self.budget.acquire(end - start)  # before the locks: never wait for memory holding one
+        held = FILL_COPIES * (end - start)
+        self.budget.acquire(held)  # before the locks: never wait for memory holding one
         try:
-            with self._locked([str(self.key(entry, i)) for i in missing]):
+            with self._locked([keys[i] for i in missing]):
                 # another process may have filled some while this one waited for the locks
-                missing = [i for i in missing if str(self.key(entry, i)) not in self.store]
-                return self._fill_span(entry, missing) if missing else 0
+                missing = [i for i in missing if keys[i] not in self.store]
+                return self._fill_span(entry, missing, keys) if missing else 0
         finally:
-            self.budget.release(end - start)
+            self.budget.release(held)
 
-    def _fill_span(self, entry: FileEntry, missing: list[int]) -> int:
-        """Store blocks ``missing`` (ascending) from one UFS read of their span; bytes stored."""
+    def _fill_span(self, entry: FileEntry, missing: list[int], keys: dict[int, str]) -> int:
+        """Store blocks ``missing`` (ascending) from one UFS read of their span; bytes stored.
+        ``keys``: the cache key of each block index."""
         start = block_range(missing[0], entry.size, self.block_size)[0]
         end = block_range(missing[-1], entry.size, self.block_size)[1]
         data = self._read_ufs(entry, start, end)
@@ -117,7 +125,7 @@ class LocalBlockSource:
         for i in missing:
             b0, b1 = block_range(i, entry.size, self.block_size)
             full_before = _full_bypasses(self.store)
-            if not self.store.put(str(self.key(entry, i)), data[b0 - start:b1 - start]):
+            if not self.store.put(keys[i], data[b0 - start:b1 - start]):
                 raise OSError(errno.ENOSPC, _not_kept(self.store, b1 - b0, full_before), entry.path)
             stored += b1 - b0
         return stored

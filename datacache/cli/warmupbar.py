@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from datacache import procmem
 from datacache.api.quantity import format_bytes
 from datacache.cli.signals import cancel_on_signals
 from datacache.control.embedded import Embedded
@@ -33,6 +34,7 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
     (Ctrl-C) or 143 (SIGTERM) when a signal cancelled it within about a second (phase
     Cancelled, one summary line: a new warmup loads only the rest)."""
     plane.bound(dataset, namespace)  # a missing dataset or runtime fails before any bar is drawn
+    procmem.bound_malloc()  # before the segment threads start: see datacache.procmem
     columns = (TextColumn("[bold]warmup"), BarColumn(), TextColumn("{task.fields[files]} files"),
                DownloadColumn(binary_units=True), LoadRateColumn(), TimeRemainingColumn())
     bar = Progress(*columns, console=Console(stderr=True), disable=quiet)

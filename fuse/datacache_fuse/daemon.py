@@ -15,6 +15,11 @@ Order, and why:
    once the last open file is closed) or on SIGTERM/SIGINT/SIGHUP, which unmount (lazily) and
    exit 0.
 
+Memory: the daemon fixes glibc's mmap threshold and caps its arenas before its threads start
+(:func:`datacache.procmem.bound_malloc`), and hands freed heap memory back (``malloc_trim``) once
+a burst of reads is over (no fill in flight for ``TRIM_IDLE_S`` after requests came), so it
+peaks within the read-ahead budget plus a fixed overhead and returns near its start when idle.
+
 A state file ``$DATACACHE_HOME/run/fuse/<hash>.json`` (pid, dataset, mount point, log file) lives
 while the daemon does, so ``unmount`` and supervisors can find the daemon. The log goes to
 ``$DATACACHE_HOME/logs/fuse-<namespace>-<dataset>-<hash>.log``; it names paths and errors, never
@@ -33,7 +38,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from datacache import mountinfo
+from datacache import mountinfo, procmem
 from datacache.api.quantity import format_bytes
 from datacache.mountinfo import MountState
 
@@ -41,6 +46,7 @@ log = logging.getLogger("datacache_fuse")
 
 READ_AHEAD_KIB = 1024  # bdi read_ahead_kb: 1 MiB kernel read requests
 WORKERS = 16  # threads serving requests, per daemon
+TRIM_IDLE_S = 1.0  # seconds without a fill in flight after requests before free memory is handed back
 PASSTHROUGH_MIN_BYTES = 4 << 20  # files from this size on count as large when choosing the read mode
 WATCH_PID_ENV = "DATACACHE_FUSE_WATCH_PID"  # a harness's pid: its exit ends the daemon (test runners set it)
 
@@ -258,6 +264,29 @@ def make_mountpoint(mountpoint: str) -> None:
         raise MountError(f"{mountpoint} is not a directory")
 
 
+class _IdleTrim:
+    """Calls :func:`datacache.procmem.trim` once per burst: when requests came since the last
+    trim and no fill has held the memory budget ``budget`` for ``TRIM_IDLE_S`` seconds."""
+
+    def __init__(self, session, budget):
+        self._session, self._budget = session, budget
+        self._seen = self._total()
+        self._quiet_since = time.monotonic()
+        self._pending = False  # requests came since the last trim
+
+    def _total(self) -> int:
+        return sum(self._session.counts().values())
+
+    def tick(self) -> None:
+        """Called every 0.2 s by the serving loop."""
+        now, total = time.monotonic(), self._total()
+        if total != self._seen or self._budget.used:
+            self._seen, self._quiet_since, self._pending = total, now, True
+        elif self._pending and now - self._quiet_since >= TRIM_IDLE_S:
+            procmem.trim()
+            self._pending = False
+
+
 def _first_non_directory(path: str) -> str | None:
     """The nearest of ``path`` and its ancestors that exists and is not a directory, if any."""
     while path and path != os.path.dirname(path):
@@ -293,6 +322,7 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     mountpoint = mountinfo.canonical(mountpoint)
     logfile = log_path(home, dataset, namespace, mountpoint)
     setup_logging(logfile, debug=debug, stderr=stderr)
+    procmem.bound_malloc()  # before any worker or fill thread exists (arenas are made per thread)
     log.info("mounting %s/%s at %s (pid %d)", namespace, dataset, mountpoint, os.getpid())
 
     paths = read_path(home)
@@ -368,10 +398,12 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
                  session.kernel.minor, mode + (", passthrough of file-tier files" if session.passthrough else ""),
                  ",".join(extra) or "-")
         mounted(mode)
+        idle = _IdleTrim(session, client.source.budget)
         while not session.wait(0.2) and not stop.is_set():
             if watched is not None and not _alive(watched):
                 signalled.append(f"exit of process {watched} ({WATCH_PID_ENV})")
                 break
+            idle.tick()
         if signalled:
             log.info("%s received: unmounting", signalled[0])
         else:
