@@ -31,6 +31,7 @@ from datacache.dataset_client import DatasetClient
 from datacache.cluster import membership
 from datacache.errors import ResourceError
 from datacache.manifest import Manifest
+from datacache.plan.follow import PlanFollower
 from datacache.stack import layout, refreshed, syncmark
 from datacache.stack.engines import engine_for
 from datacache.state import StateStore
@@ -187,7 +188,9 @@ class ReadPath:
             refreshed_manifest.save(path)
             refreshed.record(directory, dataset_path)
 
-        return DatasetClient(name, manifest, source, ufs, save, readahead=runtime.spec.fuse.read_ahead_blocks,
-                             load_manifest=lambda: self.load_manifest(ds), manifest_path=path,
-                             manifest_lock=lambda: syncmark.manifest_write(directory),
-                             files=functools.partial(self.file_tier, runtime))
+        client = DatasetClient(name, manifest, source, ufs, save, readahead=runtime.spec.fuse.read_ahead_blocks,
+                               load_manifest=lambda: self.load_manifest(ds), manifest_path=path,
+                               manifest_lock=lambda: syncmark.manifest_write(directory),
+                               files=functools.partial(self.file_tier, runtime))
+        client.on_read(PlanFollower(client, directory))  # prefetch and evict by a published plan
+        return client

@@ -1,0 +1,44 @@
+"""A plan resolved against the manifest a reader has, with the reader's position in it."""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from datacache.cache.blocks import file_id
+from datacache.manifest import Manifest
+from datacache.plan.plan import Plan
+
+
+class PlanCursor:
+    """``plan``'s files as the current versions of ``manifest`` (a path gone since the plan was
+    made is left out), cut at ``block_size`` bytes.
+
+    ``entries``: FileEntry in plan order; ``offsets[i]``: bytes of the files before position
+    ``i`` (``offsets[len(entries)]`` the total); ``position``: the highest position this process
+    has read (-1: none yet). Reads follow the plan, so that position is the reader's progress;
+    a file out of the plan leaves it where it is."""
+
+    def __init__(self, plan: Plan, manifest: Manifest, block_size: int):
+        self.plan = plan
+        self.entries = [e for e in map(manifest.lookup, plan.paths) if e is not None]
+        self.offsets = [0, *accumulate(e.size for e in self.entries)]
+        self._at = {e.path: i for i, e in enumerate(self.entries)}
+        self._by_file = {file_id(e.mount, e.ufs_path, e.version, block_size): i for i, e in enumerate(self.entries)}
+        self.position = -1
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def advance(self, path: str) -> bool:
+        """Note a read of dataset ``path``; True when it is in the plan (the position then moves
+        to it if it is further on)."""
+        i = self._at.get(path)
+        if i is None:
+            return False
+        if i > self.position:
+            self.position = i
+        return True
+
+    def position_of(self, fid: str) -> int | None:
+        """The plan position of the file version ``fid`` (a block key's file id), or None."""
+        return self._by_file.get(fid)

@@ -1,0 +1,65 @@
+"""A DatasetClient following the plans published for its dataset (see :mod:`.channel`).
+
+On each file a reader opens (or reads without opening), the client's follower polls the plan
+directory (throttled), moves the reader's position in every plan that names the file, and lets
+the prefetchers slide. While a plan is active the disk tier evicts by next use
+(:mod:`.nextuse`); when the last plan is withdrawn it is LRU again.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+from datacache.manifest import FileEntry
+from datacache.plan.channel import PlanWatcher
+from datacache.plan.cursor import PlanCursor
+from datacache.plan.nextuse import next_use_order
+from datacache.plan.prefetch import THREADS, Prefetcher, ahead_bound
+
+
+class PlanFollower:
+    """Follows the plans of ``client``'s dataset (``dataset_dir``: its directory under the
+    home). ``ahead_bytes``: prefetch bound (default :func:`ahead_bound` of the cache's capacity);
+    ``threads``: prefetch threads per plan. ``prefetchers``: the running ones, by rank."""
+
+    def __init__(self, client, dataset_dir: str, ahead_bytes: int | None = None, threads: int = THREADS,
+                 interval: float | None = None):
+        self.client = client
+        self.watcher = PlanWatcher(dataset_dir) if interval is None else PlanWatcher(dataset_dir, interval)
+        self.ahead_bytes = ahead_bytes
+        self.threads = threads
+        self.cursors: list[PlanCursor] = []
+        self.prefetchers: dict[int, Prefetcher] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, entry: FileEntry) -> None:
+        """A reader opened (or read) ``entry``."""
+        changed, plans = self.watcher.poll()
+        if changed:
+            with self._lock:
+                self._follow(plans)
+        for cursor in self.cursors:
+            if cursor.advance(entry.path):
+                p = self.prefetchers.get(cursor.plan.rank)
+                if p is not None:
+                    p.moved()
+
+    def _follow(self, plans: dict) -> None:
+        for p in self.prefetchers.values():
+            p.stop()
+        source = self.client.source
+        mine = [p for p in plans.values() if p.dataset == self.client.name]
+        self.cursors = [PlanCursor(p, self.client.manifest, source.block_size) for p in mine]
+        used, capacity = source.usage()
+        ahead = self.ahead_bytes or ahead_bound(capacity, source.block_size)
+        self.prefetchers = {c.plan.rank: Prefetcher(source, c, ahead, self.threads) for c in self.cursors}
+        ranking = functools.partial(next_use_order, cursors=self.cursors) if self.cursors else None
+        for level in getattr(getattr(source, "store", None), "levels", ()):
+            if hasattr(level, "rank_victims"):  # disk tiers of this process; workers' tiers keep LRU
+                level.rank_victims = ranking
+
+    def close(self) -> None:
+        """Stop prefetching, waiting up to 10 s for the fills in flight."""
+        for p in self.prefetchers.values():
+            p.stop(wait=10.0)
