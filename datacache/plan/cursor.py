@@ -8,6 +8,8 @@ from datacache.cache.blocks import file_id
 from datacache.manifest import Manifest
 from datacache.plan.plan import Plan
 
+JUMP = 64  # files a read may be ahead of the position and still be the reader's progress
+
 
 class PlanCursor:
     """``plan``'s files as the current versions of ``manifest`` (a path gone since the plan was
@@ -25,18 +27,23 @@ class PlanCursor:
         self._at = {e.path: i for i, e in enumerate(self.entries)}
         self._by_file = {file_id(e.mount, e.ufs_path, e.version, block_size): i for i, e in enumerate(self.entries)}
         self.position = -1
+        self._stray = -2  # the last read further ahead than JUMP
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def advance(self, path: str) -> bool:
-        """Note a read of dataset ``path``; True when it is in the plan (the position then moves
-        to it if it is further on)."""
+        """Note a read of dataset ``path``; True when it is in the plan. The position moves to
+        it if it is further on by at most ``JUMP`` files (other processes of the job read the
+        files between), or right after another such read (a job resumed further on); a lone
+        read further ahead is a read out of order and moves nothing."""
         i = self._at.get(path)
         if i is None:
             return False
-        if i > self.position:
+        if self.position < i <= self.position + JUMP or i == self._stray + 1:
             self.position = i
+        elif i > self.position:
+            self._stray = i
         return True
 
     def position_of(self, fid: str) -> int | None:

@@ -1,0 +1,129 @@
+"""Prefetch by the plan (issue 21 item 2): the UFS sees the plan's order, a bounded distance
+ahead of the reader; a read out of order is served as any other."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from datacache.control.embedded import read_path
+from datacache.plan.follow import PlanFollower
+from datacache.stack.plans import publish_plan
+from support import apply_dataset
+
+N = 80
+AHEAD = 4
+
+
+class RecordingUFS:
+    """The dataset's UFS behind a recorder: every read's file, in the order the UFS got them,
+    each ``delay`` seconds late (a remote store's latency)."""
+
+    def __init__(self, inner, delay: float):
+        self.inner, self.delay = inner, delay
+        self.fetched: list[str] = []
+        self._lock = threading.Lock()
+
+    def read(self, mount, ufs_path, version, start, end):
+        time.sleep(self.delay)
+        with self._lock:
+            self.fetched.append(os.path.basename(ufs_path))
+        return self.inner.read(mount, ufs_path, version, start, end)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.fixture
+def pics(datacache_home, tmp_path):
+    """``(plane, {path: bytes})``: dataset ``pics`` of N files of 1000-1079 bytes, synced."""
+    src = tmp_path / "src"
+    (src / "train").mkdir(parents=True)
+    files = {}
+    for i in range(N):
+        files[f"train/{i:03d}.jpg"] = os.urandom(1000 + i)
+        (src / "train" / f"{i:03d}.jpg").write_bytes(files[f"train/{i:03d}.jpg"])
+    plane = apply_dataset(datacache_home, "pics", [{"name": "local", "mountPoint": str(src)}], block_size="64Ki")
+    plane.sync("pics")
+    yield plane, files
+    plane.close()
+
+
+def _client(plane, threads: int):
+    paths = read_path(plane.home)
+    client = paths.open_dataset("pics")
+    follower = next(r for r in client._readers if isinstance(r, PlanFollower))
+    follower.ahead_bytes, follower.threads = AHEAD * 1079, threads
+    follower.watcher.interval = 0
+    recording = client.source.ufs = RecordingUFS(client.source.ufs, delay=0.005)
+    return paths, client, follower, recording
+
+
+def test_fetches_follow_the_plan_within_the_window(pics):
+    plane, files = pics
+    order = random.Random(5).sample(sorted(files), N)
+    publish_plan(plane.paths, "pics", order)
+    paths, client, follower, recording = _client(plane, threads=1)
+    try:
+        for i, path in enumerate(order):
+            fetched = list(recording.fetched)
+            # nothing further than AHEAD files past the last file read (position i - 1)
+            assert all(order.index(f"train/{name}") <= i - 1 + AHEAD for name in fetched), (i, fetched)
+            with client.open(path) as f:
+                assert f.read() == files[path]
+            time.sleep(0.03)
+        assert [f"train/{name}" for name in recording.fetched] == order  # plan order, each file once
+        (prefetcher,) = follower.prefetchers.values()
+        assert 0 < prefetcher.peak_ahead <= AHEAD * 1079
+        hits, misses = client.source.hit_counts()
+        assert hits + misses == N and misses <= 2, (hits, misses)  # the first read may beat the prefetch
+    finally:
+        client.close()
+        paths.close()
+
+
+def test_a_read_out_of_order_is_served_and_moves_nothing(pics):
+    plane, files = pics
+    order = sorted(files)
+    publish_plan(plane.paths, "pics", order)
+    paths, client, follower, recording = _client(plane, threads=2)
+    try:
+        for path in order[:6]:
+            assert client.read(client.stat(path), 0, 1 << 20) == files[path]
+        stray = order[-1]  # 74 files ahead of the reader: out of order
+        assert client.read(client.stat(stray), 0, 1 << 20) == files[stray]
+        (cursor,) = follower.cursors
+        assert cursor.position == 5
+        time.sleep(0.3)
+        assert {f"train/{n}" for n in recording.fetched} <= set(order[:6 + AHEAD]) | {stray}
+    finally:
+        client.close()
+        paths.close()
+
+
+def test_a_changed_file_is_prefetched_at_its_new_version(pics, tmp_path):
+    plane, files = pics
+    order = sorted(files)[:10]
+    changed = order[3]
+    new = os.urandom(2000)
+    (tmp_path / "src" / changed).write_bytes(new)
+    plane.sync("pics")
+    publish_plan(plane.paths, "pics", order)
+    paths, client, follower, recording = _client(plane, threads=2)
+    try:
+        with client.open(order[0]) as f:
+            f.read()
+        deadline = time.monotonic() + 10
+        while len(recording.fetched) < 1 + AHEAD and time.monotonic() < deadline:
+            time.sleep(0.02)
+        before = len(recording.fetched)
+        assert client.read(client.stat(changed), 0, 1 << 20) == new
+        assert len(recording.fetched) == before  # the new version was there: a hit
+        assert client.cached_fraction(client.stat(changed)) == 1.0
+    finally:
+        client.close()
+        paths.close()
