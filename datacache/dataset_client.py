@@ -87,7 +87,9 @@ class DatasetClient:
         be reported more than once."""
         self._readers.append(listener)
 
-    def _reading(self, entry: FileEntry) -> None:
+    def reading(self, entry: FileEntry) -> None:
+        """Tell the :meth:`on_read` listeners that ``entry`` is read (done by the methods named
+        there; a FUSE daemon whose kernel opens files without it calls this on a read at offset 0)."""
         for listener in self._readers:
             listener(entry)
 
@@ -133,7 +135,7 @@ class DatasetClient:
     def open_entry(self, entry: FileEntry) -> DatasetFile:
         """Open the version ``entry`` names (e.g. the one a FUSE inode stands for); its reads raise
         ``StaleFileError`` once that version can no longer be read from the cache or the UFS."""
-        self._reading(entry)
+        self.reading(entry)
         if self.readahead > 0 and self._ahead_pool is None:
             with self._lock:
                 if self._ahead_pool is None:
@@ -155,7 +157,7 @@ class DatasetClient:
         one block that is complete in the cache but not in the file tier is then copied there in
         the background (one copy at a time), so a later open finds it. Reads of that file reach
         no block source: they count no cache hits."""
-        self._reading(entry)
+        self.reading(entry)
         if self.files is None or entry.size <= self.block_size:
             return None
         fid = self.source.key(entry, 0).file_id
@@ -185,7 +187,7 @@ class DatasetClient:
         block is one block read (a whole small file comes back as the block itself, no copy);
         a longer one goes through a :class:`DatasetFile`, for its read-ahead. Raises as
         :meth:`open_entry`'s reads do."""
-        self._reading(entry)
+        self.reading(entry)
         end = min(offset + size, entry.size)
         if offset >= end:
             return b""

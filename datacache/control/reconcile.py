@@ -20,7 +20,8 @@ class DatasetObservation:
     ``hits``/``misses`` of readers (``remote_hits``: those of the hits served by a cache worker on
     another node), whether a runtime is bound and the manifest exists; ``updating``: a
     metadata sync runs now; ``sync_error``: why the last sync failed ('' when it did not);
-    ``error``: why the cache cannot be read."""
+    ``error``: why the cache cannot be read; ``trace``: ``(cached, total)`` bytes of the files
+    the last recorded run read (None: no run recorded)."""
 
     bound: bool
     synced: bool
@@ -34,6 +35,7 @@ class DatasetObservation:
     error: str = ""
     updating: bool = False
     sync_error: str = ""
+    trace: tuple[int, int] | None = None  # (cached, total) bytes of the last recorded run's files
 
 
 def percentage(part: int, whole: int) -> str:
@@ -79,6 +81,7 @@ def dataset_status(obs: DatasetObservation) -> dict:
             # Local: in-process cache, short-circuit reads, workers on the reader's node.
             "localHitRatio": percentage(obs.hits - obs.remote_hits, total),
             "remoteHitRatio": percentage(obs.remote_hits, total),
+            "lastTraceCached": percentage(*obs.trace) if obs.trace and synced else "-",
         },
     }
 

@@ -16,7 +16,7 @@ from datacache.plan.channel import PlanWatcher, read_plan
 from datacache.plan.plan import PlanError
 from datacache.stack.plans import publish_plan
 from datacache.torch import OrderedPrefetch
-from support import apply_dataset
+from plan_support import make_dataset
 
 N = 24
 
@@ -24,14 +24,9 @@ N = 24
 @pytest.fixture
 def planned(datacache_home, tmp_path):
     """``(plane, names)``: datasets ``pics`` (N files) and ``other`` (3 files), synced."""
-    for ds, n in (("pics", N), ("other", 3)):
-        src = tmp_path / f"src-{ds}"
-        (src / "train").mkdir(parents=True)
-        for i in range(n):
-            (src / "train" / f"{i:03d}.jpg").write_bytes(os.urandom(1000 + i))
-        plane = apply_dataset(datacache_home, ds, [{"name": "local", "mountPoint": str(src)}], block_size="64Ki")
-        plane.sync(ds)
-    yield plane, [f"train/{i:03d}.jpg" for i in range(N)]
+    make_dataset(datacache_home, tmp_path, "other", [1000] * 3)[0].close()
+    plane, files = make_dataset(datacache_home, tmp_path, "pics", [1000 + i for i in range(N)])
+    yield plane, sorted(files)
     plane.close()
 
 

@@ -13,7 +13,7 @@ import pytest
 from datacache.control.embedded import read_path
 from datacache.plan.follow import PlanFollower
 from datacache.stack.plans import publish_plan, withdraw_plans
-from support import apply_dataset
+from plan_support import make_dataset
 
 N = 80
 AHEAD = 4
@@ -40,15 +40,8 @@ class RecordingUFS:
 
 @pytest.fixture
 def pics(datacache_home, tmp_path):
-    """``(plane, {path: bytes})``: dataset ``pics`` of N files of 1000-1079 bytes, synced."""
-    src = tmp_path / "src"
-    (src / "train").mkdir(parents=True)
-    files = {}
-    for i in range(N):
-        files[f"train/{i:03d}.jpg"] = os.urandom(1000 + i)
-        (src / "train" / f"{i:03d}.jpg").write_bytes(files[f"train/{i:03d}.jpg"])
-    plane = apply_dataset(datacache_home, "pics", [{"name": "local", "mountPoint": str(src)}], block_size="64Ki")
-    plane.sync("pics")
+    """``(plane, {path: bytes})``: dataset ``pics`` of N files of 1000-1079 bytes."""
+    plane, files = make_dataset(datacache_home, tmp_path, "pics", [1000 + i for i in range(N)])
     yield plane, files
     plane.close()
 
@@ -115,7 +108,7 @@ def test_a_changed_file_is_prefetched_at_its_new_version(pics, tmp_path):
     order = sorted(files)[:10]
     changed = order[3]
     new = os.urandom(2000)
-    (tmp_path / "src" / changed).write_bytes(new)
+    (tmp_path / "src-pics" / changed).write_bytes(new)
     plane.sync("pics")
     publish_plan(plane.paths, "pics", order)
     paths, client, follower, recording = _client(plane, threads=2)
