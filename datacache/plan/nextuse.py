@@ -11,29 +11,36 @@ from __future__ import annotations
 
 from datacache.plan.cursor import PlanCursor
 
-GRACE = 64  # files just behind the position: other processes of the job may still be reading them
+GRACE = 16  # files just behind the position: other processes of the job may still be reading them
 
 
 def next_use_order(rows, cursors: list[PlanCursor], grace: int = GRACE) -> list[tuple[str, int]]:
     """``rows`` (``(block key, size)`` in LRU order, least recent first) in eviction order.
 
-    A block's distance to its next use is, over ``cursors``, the smallest ``plan position -
-    reader position`` of its file version (0 within ``grace`` files behind the position, since
-    other readers of the job may still be on them); a block with none (no plan names its
-    version, or it was read more than ``grace`` files ago) is never used again. Returns those
-    first, in LRU order, then the others by distance, largest first."""
-    never, planned = [], []
+    A block's next use is, over ``cursors``, the smallest ``plan position - reader position``
+    of its file version ahead of a reader. A block no plan needs any more (its version is in
+    no plan, or was read more than ``grace`` files ago) goes first, in LRU order; then the
+    blocks read within the last ``grace`` files (other readers of the job may still be on them,
+    but they are needed no more), in LRU order; then those ahead, furthest next use first."""
+    never, behind, ahead = [], [], []
     for key, size in rows:
-        fid = key.split("/", 2)[1] if key.count("/") >= 2 else ""
-        distance = None
+        parts = key.split("/")
+        fid = parts[1] if len(parts) == 3 else ""
+        distance, recent = None, False
         for c in cursors:
             at = c.position_of(fid)
-            if at is not None and at >= c.position - grace:
-                d = max(at - c.position, 0)
+            if at is None:
+                continue
+            if at > c.position:
+                d = at - c.position
                 distance = d if distance is None else min(distance, d)
-        if distance is None:
-            never.append((key, size))
+            elif at >= c.position - grace:
+                recent = True
+        if distance is not None:
+            ahead.append((distance, key, size))
+        elif recent:
+            behind.append((key, size))
         else:
-            planned.append((distance, key, size))
-    planned.sort(key=lambda t: -t[0])  # stable: equal distances stay in LRU order
-    return never + [(key, size) for _, key, size in planned]
+            never.append((key, size))
+    ahead.sort(key=lambda t: -t[0])  # stable: equal distances stay in LRU order
+    return never + behind + [(key, size) for _, key, size in ahead]

@@ -30,9 +30,9 @@ def test_next_use_order_by_hand():
     cursor, key = _case("ZCAE", 0)  # Z read; next C, then A, then E; B and D never
     rows = [(key[n], BS) for n in "ABCDE"]  # LRU order, A least recent
     assert [k for k, _ in next_use_order(rows, [cursor])] == [key[n] for n in "BDEAC"]
-    cursor.position = 3  # all read; within a grace of 1 file, A and E may still be read by others
-    assert [k for k, _ in next_use_order(rows, [cursor], grace=1)] == [key[n] for n in "BCDAE"]
-    assert [k for k, _ in next_use_order(rows, [cursor], grace=0)] == [key[n] for n in "ABCDE"]
+    cursor.position = 2  # A just read: within a grace of 1 file with C, after B and D, before E (ahead)
+    assert [k for k, _ in next_use_order(rows, [cursor], grace=1)] == [key[n] for n in "BDACE"]
+    assert [k for k, _ in next_use_order(rows, [cursor], grace=0)] == [key[n] for n in "BCDAE"]
     cursor.position = 5  # past every grace: LRU order
     assert [k for k, _ in next_use_order(rows, [cursor], grace=1)] == [key[n] for n in "ABCDE"]
 
@@ -43,6 +43,8 @@ def test_two_plans_take_the_nearest_next_use():
     rows = [(key[n], BS) for n in "ABCDE"]
     # distances: A 2, B 2, C 1, D 3, E min(3, 1) = 1
     assert [k for k, _ in next_use_order(rows, [first, second])] == [key[n] for n in "DABCE"]
+    first.position = 3  # the first rank is done; the second still needs them
+    assert [k for k, _ in next_use_order(rows, [first, second], grace=0)] == [key[n] for n in "ACDBE"]
 
 
 @pytest.mark.parametrize("planned, survivors", [(True, "ACF"), (False, "DEF")])
