@@ -17,6 +17,7 @@ publishes on its own node (its share), and each node's readers read that node's 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -62,6 +63,22 @@ def withdraw(dataset_dir: str, rank: int | None = None) -> int:
                 os.unlink(os.path.join(plan_dir(dataset_dir), name))
                 removed += 1
     return removed
+
+
+def claim_prefetch(dataset_dir: str, rank: int) -> int | None:
+    """Become the process of this node that prefetches rank ``rank``'s plan: a file descriptor
+    holding ``plans/.prefetch-<rank>.lock``'s exclusive ``flock`` (close it to give the role
+    up; the kernel drops it when the process dies), or None when another process has it. One
+    prefetcher per plan and node: the job's other processes (DataLoader workers) would only
+    queue behind its fills. Raises ``OSError`` when the directory cannot be written."""
+    path = os.path.join(private.makedirs(plan_dir(dataset_dir)), f".prefetch-{rank}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, private.FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _plan_names(directory: str) -> list[str]:

@@ -125,3 +125,23 @@ def test_a_changed_file_is_prefetched_at_its_new_version(pics, tmp_path):
     finally:
         client.close()
         paths.close()
+
+
+def test_one_process_per_node_prefetches_a_plan(pics):
+    plane, files = pics
+    order = sorted(files)
+    publish_plan(plane.paths, "pics", order)
+    first, second = _client(plane, threads=1), _client(plane, threads=1)  # as two DataLoader workers
+    try:
+        for _, client, _, _ in (first, second):
+            client.read(client.stat(order[0]), 0, 10)
+        assert len(first[2].prefetchers) == 1 and second[2].prefetchers == {}
+        assert first[2].cursors[0].position == second[2].cursors[0].position == 0  # both follow the plan
+        first[1].close()  # the prefetching process goes: the next plan is taken by another
+        publish_plan(plane.paths, "pics", order[::-1])
+        second[1].read(second[1].stat(order[-1]), 0, 10)
+        assert len(second[2].prefetchers) == 1
+    finally:
+        for paths, client, _, _ in (first, second):
+            client.close()
+            paths.close()
