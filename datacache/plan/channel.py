@@ -26,7 +26,7 @@ import time
 from datacache import private
 from datacache.plan.plan import Plan
 
-POLL_S = 0.5  # seconds between two looks at the plan directory
+POLL_S = 0.2  # seconds between two looks at the plan directory
 
 
 def plan_dir(dataset_dir: str) -> str:
