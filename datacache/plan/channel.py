@@ -46,11 +46,43 @@ def publish(dataset_dir: str, plan: Plan) -> str:
             json.dump(doc, f, separators=(",", ":"))
         path = os.path.join(directory, f"rank-{plan.rank}.json")
         os.replace(tmp, path)
+        _drop_positions(directory, plan.rank)  # the positions in the plan replaced
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     return path
+
+
+def share_position(dataset_dir: str, plan: Plan, position: int) -> int:
+    """Report this process's ``position`` in ``plan`` and return the furthest position any
+    process of the node reported for that plan (the same ``created`` stamp): the job's
+    DataLoader workers each read a part of the plan, and a process that prefetches or evicts by
+    its own reads alone would lag behind the others. One small file per process,
+    ``plans/.pos-<rank>-<pid>``, replaced atomically; :func:`publish` removes the old ones."""
+    directory = plan_dir(dataset_dir)
+    prefix = f".pos-{plan.rank}-"
+    stamp = repr(plan.created)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-pos-", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{stamp} {position}")
+    os.replace(tmp, os.path.join(directory, f"{prefix}{os.getpid()}"))
+    best = position
+    for name in os.listdir(directory):
+        if name.startswith(prefix):
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(directory, name)) as f:
+                    their_stamp, their_position = f.read().split()
+                if their_stamp == stamp:
+                    best = max(best, int(their_position))
+    return best
+
+
+def _drop_positions(directory: str, rank: int) -> None:
+    for name in os.listdir(directory):
+        if name.startswith(f".pos-{rank}-"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
 
 
 def withdraw(dataset_dir: str, rank: int | None = None) -> int:
@@ -62,6 +94,7 @@ def withdraw(dataset_dir: str, rank: int | None = None) -> int:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(plan_dir(dataset_dir), name))
                 removed += 1
+            _drop_positions(plan_dir(dataset_dir), int(name[len("rank-"):-len(".json")]))
     return removed
 
 
@@ -109,15 +142,15 @@ class PlanWatcher:
     def __init__(self, dataset_dir: str, interval: float = POLL_S):
         self.directory = plan_dir(dataset_dir)
         self.interval = interval
-        self._looked = float("-inf")
+        self.looked = float("-inf")  # monotonic time of the last look
         self._stamps: dict[str, tuple] = {}
         self.plans: dict[int, Plan] = {}
 
     def poll(self) -> tuple[bool, dict[int, Plan]]:
         now = time.monotonic()
-        if now - self._looked < self.interval:
+        if now - self.looked < self.interval:
             return False, self.plans
-        self._looked = now
+        self.looked = now
         stamps = {}
         for name in _plan_names(self.directory):
             with contextlib.suppress(FileNotFoundError):

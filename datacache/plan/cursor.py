@@ -27,7 +27,7 @@ class PlanCursor:
         self._at = {e.path: i for i, e in enumerate(self.entries)}
         self._by_file = {file_id(e.mount, e.ufs_path, e.version, block_size): i for i, e in enumerate(self.entries)}
         self.position = -1
-        self._stray = -2  # the last read further ahead than JUMP
+        self._stray = -JUMP - 2  # the last read further ahead than JUMP
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -35,16 +35,21 @@ class PlanCursor:
     def advance(self, path: str) -> bool:
         """Note a read of dataset ``path``; True when it is in the plan. The position moves to
         it if it is further on by at most ``JUMP`` files (other processes of the job read the
-        files between), or right after another such read (a job resumed further on); a lone
-        read further ahead is a read out of order and moves nothing."""
+        files between), or at most that far past another read further ahead (a job resumed
+        further on); a lone read further ahead is a read out of order and moves nothing."""
         i = self._at.get(path)
         if i is None:
             return False
-        if self.position < i <= self.position + JUMP or i == self._stray + 1:
+        if self.position < i <= self.position + JUMP or self._stray < i <= self._stray + JUMP:
             self.position = i
         elif i > self.position:
             self._stray = i
         return True
+
+    def seen(self, position: int) -> None:
+        """Another process of the node read up to ``position`` (see :func:`.channel.share_position`)."""
+        if position > self.position:
+            self.position = position
 
     def position_of(self, fid: str) -> int | None:
         """The plan position of the file version ``fid`` (a block key's file id), or None."""

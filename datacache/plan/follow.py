@@ -1,8 +1,9 @@
 """A DatasetClient following the plans published for its dataset (see :mod:`.channel`).
 
 On each file a reader opens (or reads without opening), the client's follower polls the plan
-directory (throttled), moves the reader's position in every plan that names the file, and lets
-the prefetchers slide. While a plan is active the disk tier evicts by next use
+directory (throttled), moves the reader's position in every plan that names the file, shares it
+with the node's other reading processes (each takes the furthest: :func:`.channel.share_position`)
+and lets the prefetchers slide. While a plan is active the disk tier evicts by next use
 (:mod:`.nextuse`); when the last plan is withdrawn it is LRU again.
 """
 
@@ -14,7 +15,7 @@ import os
 import threading
 
 from datacache.manifest import FileEntry
-from datacache.plan.channel import PlanWatcher, claim_prefetch
+from datacache.plan.channel import PlanWatcher, claim_prefetch, share_position
 from datacache.plan.cursor import PlanCursor
 from datacache.plan.nextuse import next_use_order
 from datacache.plan.prefetch import THREADS, Prefetcher, ahead_bound
@@ -43,15 +44,23 @@ class PlanFollower:
 
     def __call__(self, entry: FileEntry) -> None:
         """A reader opened (or read) ``entry``."""
+        looked = self.watcher.looked
         changed, plans = self.watcher.poll()
         if changed:
             with self._lock:
                 self._follow(plans)
+        share = self.watcher.looked != looked  # at most once per poll interval
         for cursor in self.cursors:
-            if cursor.advance(entry.path):
-                p = self.prefetchers.get(cursor.plan.rank)
-                if p is not None:
-                    p.moved()
+            moved = cursor.advance(entry.path)
+            if share:
+                try:
+                    cursor.seen(share_position(self.dataset_dir, cursor.plan, cursor.position))
+                    moved = True
+                except OSError:  # a read-only home: this process's own reads only
+                    pass
+            p = self.prefetchers.get(cursor.plan.rank) if moved else None
+            if p is not None:
+                p.moved()
 
     def _follow(self, plans: dict) -> None:
         self._release()

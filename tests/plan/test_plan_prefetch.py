@@ -145,3 +145,26 @@ def test_one_process_per_node_prefetches_a_plan(pics):
         for paths, client, _, _ in (first, second):
             client.close()
             paths.close()
+
+
+def test_the_furthest_position_on_the_node_is_shared(pics):
+    plane, files = pics
+    order = sorted(files)
+    _, path = publish_plan(plane.paths, "pics", order)
+    paths, client, follower, recording = _client(plane, threads=1)
+    try:
+        client.read(client.stat(order[0]), 0, 10)
+        (cursor,) = follower.cursors
+        plans = os.path.dirname(path)
+        other = os.path.join(plans, ".pos-0-999999")  # another DataLoader worker, 30 files on
+        with open(other, "w") as f:
+            f.write(f"{cursor.plan.created!r} 30")
+        client.read(client.stat(order[1]), 0, 10)
+        assert cursor.position == 30
+        with open(os.path.join(plans, f".pos-0-{os.getpid()}")) as f:
+            assert f.read().split()[1] == "1"  # this process's own reads, as it reported them
+        publish_plan(plane.paths, "pics", order[::-1])  # a new plan drops the old positions
+        assert not os.path.exists(other)
+    finally:
+        client.close()
+        paths.close()
