@@ -27,6 +27,7 @@ from datacache import private
 from datacache.plan.plan import Plan
 
 POLL_S = 0.2  # seconds between two looks at the plan directory
+STALE_S = 5.0  # a process that has not reported its position for this long no longer reads
 
 
 def plan_dir(dataset_dir: str) -> str:
@@ -54,28 +55,33 @@ def publish(dataset_dir: str, plan: Plan) -> str:
     return path
 
 
-def share_position(dataset_dir: str, plan: Plan, position: int) -> int:
-    """Report this process's ``position`` in ``plan`` and return the furthest position any
-    process of the node reported for that plan (the same ``created`` stamp): the job's
-    DataLoader workers each read a part of the plan, and a process that prefetches or evicts by
-    its own reads alone would lag behind the others. One small file per process,
-    ``plans/.pos-<rank>-<pid>``, replaced atomically; :func:`publish` removes the old ones."""
+def share_position(dataset_dir: str, plan: Plan, position: int) -> int | None:
+    """Report this process's ``position`` in ``plan`` (when it has read some of it) and return
+    the slowest position reported for that plan (the same ``created`` stamp) by the processes of
+    the node that reported in the last ``STALE_S`` seconds (None: none): the job's DataLoader
+    workers each read a part of the plan at their own pace, and a file one has passed another
+    may still need. A process that stops reading (its share done, or gone) stops reporting and
+    ages out. One small file per process, ``plans/.pos-<rank>-<pid>``, replaced atomically;
+    :func:`publish` removes the old ones."""
     directory = plan_dir(dataset_dir)
     prefix = f".pos-{plan.rank}-"
     stamp = repr(plan.created)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-pos-", dir=directory)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{stamp} {position}")
-    os.replace(tmp, os.path.join(directory, f"{prefix}{os.getpid()}"))
-    best = position
+    if position >= 0:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-pos-", dir=directory)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{stamp} {position}")
+        os.replace(tmp, os.path.join(directory, f"{prefix}{os.getpid()}"))
+    fresh = time.time() - STALE_S
+    slowest = None
     for name in os.listdir(directory):
         if name.startswith(prefix):
             with contextlib.suppress(OSError, ValueError):
-                with open(os.path.join(directory, name)) as f:
+                path = os.path.join(directory, name)
+                with open(path) as f:
                     their_stamp, their_position = f.read().split()
-                if their_stamp == stamp:
-                    best = max(best, int(their_position))
-    return best
+                if their_stamp == stamp and os.stat(path).st_mtime >= fresh:
+                    slowest = int(their_position) if slowest is None else min(slowest, int(their_position))
+    return slowest
 
 
 def _drop_positions(directory: str, rank: int) -> None:

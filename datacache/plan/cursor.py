@@ -16,9 +16,10 @@ class PlanCursor:
     made is left out), cut at ``block_size`` bytes.
 
     ``entries``: FileEntry in plan order; ``offsets[i]``: bytes of the files before position
-    ``i`` (``offsets[len(entries)]`` the total); ``position``: the highest position this process
-    has read (-1: none yet). Reads follow the plan, so that position is the reader's progress;
-    a file out of the plan leaves it where it is."""
+    ``i`` (``offsets[len(entries)]`` the total); ``own``: the furthest position this process
+    has read (-1: none yet); ``position``: the reader's progress that prefetch and eviction go
+    by, the slowest reading process's ``own`` on the node (:meth:`seen`), else ``own``. Reads
+    follow the plan, so positions are progress; a file out of the plan moves nothing."""
 
     def __init__(self, plan: Plan, manifest: Manifest, block_size: int):
         self.plan = plan
@@ -26,7 +27,8 @@ class PlanCursor:
         self.offsets = [0, *accumulate(e.size for e in self.entries)]
         self._at = {e.path: i for i, e in enumerate(self.entries)}
         self._by_file = {file_id(e.mount, e.ufs_path, e.version, block_size): i for i, e in enumerate(self.entries)}
-        self.position = -1
+        self.own = -1  # the furthest position this process read
+        self._node: int | None = None  # the slowest reader's position on the node, when known
         self._stray = -JUMP - 2  # the last read further ahead than JUMP
 
     def __len__(self) -> int:
@@ -40,16 +42,25 @@ class PlanCursor:
         i = self._at.get(path)
         if i is None:
             return False
-        if self.position < i <= self.position + JUMP or self._stray < i <= self._stray + JUMP:
-            self.position = i
-        elif i > self.position:
+        if self.own < i <= self.own + JUMP or self._stray < i <= self._stray + JUMP:
+            self.own = i
+        elif i > self.own:
             self._stray = i
         return True
 
-    def seen(self, position: int) -> None:
-        """Another process of the node read up to ``position`` (see :func:`.channel.share_position`)."""
-        if position > self.position:
-            self.position = position
+    @property
+    def position(self) -> int:
+        return self.own if self._node is None else min(self._node, self.own)
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self.own, self._node = value, None
+
+    def seen(self, slowest: int | None) -> None:
+        """The slowest reading process of the node is at ``slowest`` (None: unknown), see
+        :func:`.channel.share_position`: DataLoader workers read parts of the plan at their own
+        pace, and what one has passed another may still need."""
+        self._node = slowest
 
     def position_of(self, fid: str) -> int | None:
         """The plan position of the file version ``fid`` (a block key's file id), or None."""

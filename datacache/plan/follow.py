@@ -2,8 +2,8 @@
 
 On each file a reader opens (or reads without opening), the client's follower polls the plan
 directory (throttled), moves the reader's position in every plan that names the file, shares it
-with the node's other reading processes (each takes the furthest: :func:`.channel.share_position`)
-and lets the prefetchers slide. While a plan is active the disk tier evicts by next use
+with the node's other reading processes (prefetch and eviction go by the slowest:
+:func:`.channel.share_position`) and lets the prefetchers slide. While a plan is active the disk tier evicts by next use
 (:mod:`.nextuse`); when the last plan is withdrawn it is LRU again.
 """
 
@@ -54,7 +54,7 @@ class PlanFollower:
             moved = cursor.advance(entry.path)
             if share:
                 try:
-                    cursor.seen(share_position(self.dataset_dir, cursor.plan, cursor.position))
+                    cursor.seen(share_position(self.dataset_dir, cursor.plan, cursor.own))
                     moved = True
                 except OSError:  # a read-only home: this process's own reads only
                     pass

@@ -147,24 +147,31 @@ def test_one_process_per_node_prefetches_a_plan(pics):
             paths.close()
 
 
-def test_the_furthest_position_on_the_node_is_shared(pics):
+def test_the_slowest_reader_on_the_node_sets_the_position(pics):
     plane, files = pics
     order = sorted(files)
     _, path = publish_plan(plane.paths, "pics", order)
     paths, client, follower, recording = _client(plane, threads=1)
     try:
+        plans = os.path.dirname(path)
         client.read(client.stat(order[0]), 0, 10)
         (cursor,) = follower.cursors
-        plans = os.path.dirname(path)
-        other = os.path.join(plans, ".pos-0-999999")  # another DataLoader worker, 30 files on
-        with open(other, "w") as f:
-            f.write(f"{cursor.plan.created!r} 30")
-        client.read(client.stat(order[1]), 0, 10)
-        assert cursor.position == 30
+        slow, stale = os.path.join(plans, ".pos-0-999998"), os.path.join(plans, ".pos-0-999999")
+        with open(slow, "w") as f:  # another DataLoader worker, still on file 1
+            f.write(f"{cursor.plan.created!r} 1")
+        with open(stale, "w") as f:  # one that stopped reading long ago
+            f.write(f"{cursor.plan.created!r} 0")
+        os.utime(stale, (time.time() - 60, time.time() - 60))
+        for p in order[1:4]:
+            client.read(client.stat(p), 0, 10)
+        assert (cursor.own, cursor.position) == (3, 1)
         with open(os.path.join(plans, f".pos-0-{os.getpid()}")) as f:
-            assert f.read().split()[1] == "1"  # this process's own reads, as it reported them
+            assert f.read().split()[1] == "3"  # this process's own reads, as it reported them
+        os.utime(slow, (time.time() - 60, time.time() - 60))  # it stopped too
+        client.read(client.stat(order[4]), 0, 10)
+        assert cursor.position == 4
         publish_plan(plane.paths, "pics", order[::-1])  # a new plan drops the old positions
-        assert not os.path.exists(other)
+        assert not os.path.exists(slow) and not os.path.exists(stale)
     finally:
         client.close()
         paths.close()
