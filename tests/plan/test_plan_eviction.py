@@ -65,3 +65,14 @@ def test_the_disk_tier_evicts_what_the_plan_needs_last(tmp_path, planned, surviv
         assert {n for n in NAMES if key[n] in tier} == set(survivors)
     finally:
         tier.close()
+
+
+def test_the_benchmarks_belady_bound_by_hand():
+    from benchmarks.ordered import belady_hits
+
+    sizes = dict.fromkeys("ABC", 1)
+    # A B C | A B C with room for two: C (needed last) is never kept; A and B hit in epoch 2
+    assert belady_hits([list("ABC"), list("ABC")], sizes, 2) == [0.0, 2 / 3]
+    # C B A after A B C: C (needed first in epoch 2) is kept over A (needed last); C and B hit
+    assert belady_hits([list("ABC"), list("CBA")], sizes, 2) == [0.0, 2 / 3]
+    assert belady_hits([list("ABC"), list("ABC")], {"A": 1, "B": 1, "C": 3}, 2) == [0.0, 2 / 3]  # C never fits
