@@ -12,6 +12,10 @@ that starts later (a worker respawned at the next epoch), survives a daemon rest
 publish without talking to each other, and is read with ``cat``. The cost is the poll: a plan is
 seen up to ``POLL_S`` seconds late, which is nothing against an epoch. Several nodes: each rank
 publishes on its own node (its share), and each node's readers read that node's plans.
+
+Beside the plans, the readers coordinate through two more kinds of file there: one process per
+plan and node prefetches (it holds ``.prefetch-<R>.lock``'s ``flock``, :func:`claim_prefetch`),
+and each reading process reports its position in ``.pos-<R>-<pid>`` (:func:`share_position`).
 """
 
 from __future__ import annotations
