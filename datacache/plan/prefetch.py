@@ -18,7 +18,7 @@ from datacache.cache.blocks import block_count
 from datacache.plan.cursor import PlanCursor
 
 log = logging.getLogger(__name__)
-THREADS = 8  # files loading at once: a 20 ms request latency needs several in flight
+THREADS = 16  # files loading at once: a 20 ms request latency needs several in flight
 _MAX_AHEAD = 1 << 30
 
 
