@@ -64,12 +64,12 @@ def make_plan(dataset: str, paths, manifest: Manifest, epoch: int = -1, rank: in
             continue
         clean.append(path)
     if foreign:
-        problems.append(f"{_listed(foreign)} belong to another dataset")
+        problems.append(f"{_listed(foreign)} of another dataset")
     if unknown:
-        problems.append(f"{_listed(unknown)} are no files of dataset {dataset!r} as of its last sync "
+        problems.append(f"{_listed(unknown)} no file of dataset {dataset!r} as of its last sync "
                         f"(run 'datacache sync {dataset}' if they were added since)")
     if repeated:
-        problems.append(f"{_listed(repeated)} are given more than once (a plan lists each file once)")
+        problems.append(f"{_listed(repeated)} given more than once (a plan lists each file once)")
     if problems:
         raise PlanError(f"plan for dataset {dataset!r}: " + "; ".join(problems))
     if world < 1 or not 0 <= rank < world:
@@ -80,4 +80,4 @@ def make_plan(dataset: str, paths, manifest: Manifest, epoch: int = -1, rank: in
 def _listed(paths: list[str]) -> str:
     shown = ", ".join(repr(p) for p in paths[:_NAMED])
     more = f" and {len(paths) - _NAMED} more" if len(paths) > _NAMED else ""
-    return f"{len(paths)} path{'s' if len(paths) > 1 else ''} ({shown}{more})"
+    return f"{len(paths)} path{'s' if len(paths) > 1 else ''} ({shown}{more}) {'are' if len(paths) > 1 else 'is'}"

@@ -51,12 +51,12 @@ def test_bad_plans_are_refused_naming_the_paths(planned):
     with pytest.raises(PlanError) as info:
         publish_plan(plane.paths, "pics", [*names[:3], "train/nope.jpg", "train", names[1]])
     msg = str(info.value)
-    assert "2 paths ('train/nope.jpg', 'train') are no files of dataset 'pics'" in msg
-    assert "1 path ('train/001.jpg') are given more than once" in msg
-    with pytest.raises(PlanError, match=r"1 path \('datacache://other/train/000.jpg'\) belong to another dataset"):
+    assert "2 paths ('train/nope.jpg', 'train') are no file of dataset 'pics'" in msg
+    assert "1 path ('train/001.jpg') is given more than once" in msg
+    with pytest.raises(PlanError, match=r"1 path \('datacache://other/train/000.jpg'\) is of another dataset"):
         publish_plan(plane.paths, "pics", ["datacache://other/train/000.jpg", "datacache://pics/" + names[0]])
     many = [f"x/{i}" for i in range(8)]
-    with pytest.raises(PlanError, match=r"8 paths \('x/0', 'x/1', 'x/2', 'x/3', 'x/4' and 3 more\)"):
+    with pytest.raises(PlanError, match=r"8 paths \('x/0', 'x/1', 'x/2', 'x/3', 'x/4' and 3 more\) are no file"):
         publish_plan(plane.paths, "pics", many)
     assert not os.path.exists(os.path.join(plane.home, "datasets", "default", "pics", "plans", "rank-0.json"))
 
@@ -73,7 +73,7 @@ def test_cli_plan_publishes_and_refuses(planned, tmp_path):
     order.write_text("train/000.jpg\ntrain/000.jpg\nmissing.jpg\n")
     run = CliRunner().invoke(cli, ["plan", "pics", "--order", str(order), "--home", plane.home])
     assert run.exit_code == 1
-    assert run.output.startswith("error: plan for dataset 'pics': 1 path ('missing.jpg') are no files")
+    assert run.output.startswith("error: plan for dataset 'pics': 1 path ('missing.jpg') is no file")
     assert "Traceback" not in run.output
     run = CliRunner().invoke(cli, ["plan", "pics", "--clear", "--home", plane.home])
     assert run.exit_code == 0 and "1 withdrawn" in run.output
