@@ -175,3 +175,18 @@ def test_the_slowest_reader_on_the_node_sets_the_position(pics):
     finally:
         client.close()
         paths.close()
+
+
+def test_the_window_follows_the_measured_pace():
+    from datacache.plan.prefetch import Pace
+
+    now = [0.0]
+    pace = Pace(clock=lambda: now[0])
+    assert pace.window(threads=4, mean_size=1000, bound=10**6, floor=100) == 10**6  # not measured yet
+    pace.at(0)
+    now[0] = 2.0
+    pace.at(200)  # 100 files a second
+    pace.fetched(0.05)  # 50 ms a fill: 5 files read meanwhile, 4 times over
+    assert pace.rate == 100 and pace.window(threads=4, mean_size=1000, bound=10**6, floor=100) == 20_000
+    assert pace.window(threads=64, mean_size=1000, bound=10**6, floor=100) == 64_000  # a file a thread
+    assert pace.window(threads=4, mean_size=1000, bound=15_000, floor=100) == 15_000  # the quota's share caps it
