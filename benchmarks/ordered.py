@@ -28,13 +28,13 @@ read, and the same job runs again: its hit ratio and the bytes warmed against th
 
 The figures depend on the machine's load (two CPUs shared by other jobs: moto's CPU time per
 request is part of the source's latency); read them as ratios. A ``--quick`` run on 2026-12-01,
-load average ~10 on 2 CPUs (300 files, 31 MB, quota 15.5 MB; 16 prefetch threads): epoch time
-with the plan 4.5x / 2.9x / 3.1x the local copy's, without it (LRU) 10.0x / 5.7x / 3.4x (the
-plan 2.2x / 1.9x / 1.1x faster); hit ratio with the plan 0.64 / 0.63 / 0.65 (prefetch), LRU
-0.00 / 0.09 / 0.07, Belady bound 0.00 / 0.46 / 0.48; UFS bytes per epoch 31 / 24 / 23 MB
-against 31 / 29 / 29 MB. Replay: 9.9 MB traced, 9.9 MB warmed, second run hit ratio 1.000. On
-that load moto delivered ~5 MB/s in all, less than four readers at 20 ms a file consume, so no
-variant reached the local copy (the issue's 1.25x assumes a source that covers the readers).
+load average ~8 on 2 CPUs (300 files, 31 MB, quota 15.5 MB): epoch time with the plan 3.8x /
+1.9x / 2.9x the local copy's, without it (LRU) 5.5x / 3.3x / 3.8x (the plan 1.4x / 1.7x / 1.3x
+faster); hit ratio with the plan 0.53 / 0.72 / 0.66 (prefetch), LRU 0.00 / 0.10 / 0.08, Belady
+bound 0.00 / 0.46 / 0.48; UFS bytes per epoch 31 / 22 / 22 MB against 31 / 28 / 28 MB.
+Replay: 9.9 MB traced, 9.9 MB warmed, second run hit ratio 1.000. On that load moto delivered
+~5 MB/s in all, less than four readers at 20 ms a file consume, so no variant reached the local
+copy (the issue's 1.25x assumes a source that covers the readers).
 """
 
 from __future__ import annotations
