@@ -45,6 +45,7 @@ class DatasetClient:
         self.source = source
         self.readahead = readahead
         self._lock = threading.Lock()
+        self._readers: list[Callable[[FileEntry], None]] = []
         self._ahead_pool = None
         self._open_files = files
         self._files: FileTier | None = None
@@ -70,6 +71,19 @@ class DatasetClient:
         """:meth:`DatasetNamespace.listdir`."""
         return self.namespace.listdir(path)
 
+    def on_read(self, listener: Callable[[FileEntry], None]) -> None:
+        """Call ``listener(entry)`` when a file version is opened or read without opening
+        (:meth:`open_entry`, :meth:`local_file`, :meth:`read`), on the reader's thread: the plan
+        follower and the trace recorder (:mod:`datacache.plan`). It must be quick; a version may
+        be reported more than once."""
+        self._readers.append(listener)
+
+    def reading(self, entry: FileEntry) -> None:
+        """Tell the :meth:`on_read` listeners that ``entry`` is read (done by the methods named
+        there; a FUSE daemon whose kernel opens files without it calls this on a read at offset 0)."""
+        for listener in self._readers:
+            listener(entry)
+
     @property
     def block_size(self) -> int:
         return self.source.block_size
@@ -85,6 +99,7 @@ class DatasetClient:
     def open_entry(self, entry: FileEntry) -> DatasetFile:
         """Open the version ``entry`` names (e.g. the one a FUSE inode stands for); its reads raise
         ``StaleFileError`` once that version can no longer be read from the cache or the UFS."""
+        self.reading(entry)
         if self.readahead > 0 and self._ahead_pool is None:
             with self._lock:
                 if self._ahead_pool is None:
@@ -106,6 +121,7 @@ class DatasetClient:
         one block that is complete in the cache but not in the file tier is then copied there in
         the background (one copy at a time), so a later open finds it. Reads of that file reach
         no block source: they count no cache hits."""
+        self.reading(entry)
         if self.files is None or entry.size <= self.block_size:
             return None
         fid = self.source.key(entry, 0).file_id
@@ -135,6 +151,7 @@ class DatasetClient:
         block is one block read (a whole small file comes back as the block itself, no copy);
         a longer one goes through a :class:`DatasetFile`, for its read-ahead. Raises as
         :meth:`open_entry`'s reads do."""
+        self.reading(entry)
         end = min(offset + size, entry.size)
         if offset >= end:
             return b""
@@ -181,6 +198,9 @@ class DatasetClient:
         return self.source.usage()
 
     def close(self) -> None:
+        for listener in self._readers:  # a plan's prefetch stops before the store closes
+            if hasattr(listener, "close"):
+                listener.close()
         for pool in (self._ahead_pool, self._copy_pool):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)  # before the store closes

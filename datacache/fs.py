@@ -5,6 +5,9 @@ x.JPEG")`` and ``pd.read_parquet("datacache://ds/t.parquet")`` read through the 
 mount. Paths are ``DATASET/path/in/dataset``; the top level lists datasets. Read-only: opening for
 writing raises ``PermissionError`` (EROFS). Storage option ``home`` selects ``$DATACACHE_HOME``.
 Pickles by its arguments (fsspec does this), so DataLoader worker processes open their own clients.
+Storage option ``record``: a run name (True: one from the time) under which the files read, in the
+order of their first read, are written to the dataset's trace (:mod:`datacache.plan.trace`), for
+``datacache warmup DATASET --from-trace RUN``.
 A file version complete in the node's file tier opens as a plain local file object over its
 contiguous cache file (the same version check: the file is named by the manifest's version), so
 it reads at the local disk's speed; others open as a ``DatasetFile`` reading blocks.
@@ -27,8 +30,16 @@ class DatacacheFileSystem(AbstractFileSystem):
     protocol = "datacache"
     root_marker = ""
 
-    def __init__(self, home: str | None = None, namespace: str = "default", **kwargs):
+    def __init__(self, home: str | None = None, namespace: str = "default", record: str | bool | None = None,
+                 **kwargs):
+        if record is True or record == "":
+            from datacache.plan.trace import run_name
+
+            record = run_name(None)  # named once here: DataLoader workers unpickle the same name
+        if record:
+            kwargs["record"] = record
         super().__init__(home=home, namespace=namespace, **kwargs)
+        self.record = record or None
         self._home = home
         self._namespace = namespace
         self._paths = None
@@ -55,6 +66,10 @@ class DatacacheFileSystem(AbstractFileSystem):
                     client = self._read_path().open_dataset(dataset, self._namespace)
                 except ResourceError as err:
                     raise FileNotFoundError(errno.ENOENT, str(err), dataset) from None
+                if self.record:
+                    from datacache.stack.plans import recorder
+
+                    client.on_read(recorder(self._read_path().home, dataset, self._namespace, self.record))
                 self._clients[dataset] = client
             return client
 

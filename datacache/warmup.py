@@ -106,10 +106,12 @@ class Progress:
     bytes_loaded: int = 0  # read from the UFS so far (blocks already cached are skipped: not counted)
 
 
-def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segment_bytes: int = 32 << 20,
+def warmup(client, targets: list[str | tuple[str, list[str]]] | None = None, *, parallel: int = 16, segment_bytes: int = 32 << 20,
            on_progress: Callable[[Progress], None] | None = None,
            cancel: threading.Event | None = None, check: bool = False) -> WarmupResult:
     """Load ``targets`` (default: the whole dataset) of ``client`` (a DatasetClient) into its cache.
+    A target is a dataset path (file, directory, glob) or ``(label, [file path, ...])``, a list
+    loaded in its order (a recorded trace).
 
     Blocks already held are skipped when their files are there at their size; with ``check``
     only when their bytes also pass their checksum (every cached block is read, as ``juicefs
@@ -129,15 +131,15 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
     selected: dict[str, FileEntry] = {}
     per_target: list[list[FileEntry]] = []
     for path in targets or [""]:
-        res = TargetResult(path or "/")
+        res = TargetResult((path[0] if isinstance(path, tuple) else path) or "/")
         results.append(res)
         per_target.append([])
         try:
-            entries = manifest.select(path)
+            entries = _listed(manifest, path) if isinstance(path, tuple) else manifest.select(path)
         except ValueError as err:
             res.failures.append(str(err))
             continue
-        if not entries and not manifest.is_dir(path):  # an empty directory is found: 0 files, Complete
+        if not entries and isinstance(path, str) and not manifest.is_dir(path):  # an empty directory: Complete
             res.failures.append(
                 f"{path}: no such file, directory or match in dataset {client.name!r} as of its last metadata "
                 f"sync; a file added to the UFS since is listed after `datacache sync {client.name}` (or the "
@@ -191,6 +193,18 @@ def warmup(client, targets: list[str] | None = None, *, parallel: int = 16, segm
             res.failures.append(f"... and {len(named) - _MAX_LISTED} more files not cached")
         res.phase = "Complete" if not missing else "Failed" if named or not cancelled else "Cancelled"
     return WarmupResult(results, time.monotonic() - started, loaded, cancelled, in_flight)
+
+
+def _listed(manifest, target: tuple[str, list[str]]) -> list[FileEntry]:
+    """The entries of a listed target ``(label, [dataset path, ...])`` in its order. Raises
+    ValueError naming (up to ``_MAX_LISTED``) the paths that are no files any more."""
+    entries = [manifest.lookup(p) for p in target[1]]
+    gone = [p for p, e in zip(target[1], entries) if e is None]
+    if gone:
+        more = f" and {len(gone) - _MAX_LISTED} more" if len(gone) > _MAX_LISTED else ""
+        raise ValueError(f"{target[0]}: {len(gone)} files are no longer in the dataset "
+                         f"({', '.join(gone[:_MAX_LISTED])}{more})")
+    return entries
 
 
 _EVICTED = "not cached (evicted: the cache quota is smaller than the target)"

@@ -193,7 +193,7 @@ def test_controller_once_auto_syncs_and_wide_columns(datacache_home, tmp_path):
     ran = dc("controller", "--once", home=datacache_home, check=True)
     assert "dataset default/auto synced: 1 added, 0 changed, 0 deleted" in ran.stderr.decode()
     table = dc("get", "datasets", "-o", "wide", home=datacache_home, check=True).stdout.decode().splitlines()
-    assert table[0].split()[-5:] == ["AGE", "FILES", "CACHE", "HIT", "RATIO"]
+    assert table[0].split()[-8:] == ["AGE", "FILES", "CACHE", "HIT", "RATIO", "LAST", "TRACE", "CACHED"]
     assert table[1].split()[:6] == ["auto", "150B", "0B", "64.00MiB", "0.0%", "Bound"]
-    assert table[1].split()[-2:] == ["2", "0.0%"]
+    assert table[1].split()[-3:] == ["2", "0.0%", "-"]  # no run recorded
 

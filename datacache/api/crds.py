@@ -71,6 +71,7 @@ _COLUMNS = {
         _column("Phase", ".status.phase"),
         _column("Files", ".status.fileNum", "integer", priority=1),
         _column("Cache Hit Ratio", ".status.cacheStates.cacheHitRatio", priority=1),
+        _column("Last Trace Cached", ".status.cacheStates.lastTraceCached", priority=1),
         _AGE,
     ],
     "CacheRuntime": _RUNTIME_COLUMNS,

@@ -440,6 +440,7 @@ class CacheStates(_Model):
     cache_hit_ratio: str | None = None
     local_hit_ratio: str | None = None
     remote_hit_ratio: str | None = None
+    last_trace_cached: str | None = None  # of the bytes the last recorded run read ('-': none recorded)
 
 
 class DatasetStatus(_Model):
@@ -881,13 +882,29 @@ class DataLoadDataset(_Model):
 
 
 class DataLoadTarget(_Model):
-    """A path in the dataset namespace to load: a directory, a file or a glob (``/train/*.tar``)."""
+    """What to load: ``path``, a path in the dataset namespace (a directory, a file or a glob,
+    ``/train/*.tar``), or ``trace``, a recorded run of the dataset (``datacache mount --record``,
+    ``datacache://`` with ``record``): the files it read, in the order it read them. One of them."""
 
-    path: str
+    path: str | None = None
+    trace: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+    @property
+    def label(self) -> str:
+        """The target as its status names it: the path, or ``trace:RUN``."""
+        return self.path if self.path is not None else f"trace:{self.trace}"
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "DataLoadTarget":
+        if (self.path is None) == (self.trace is None):
+            raise FieldProblems([(("path",), "give either path (a dataset path) or trace (a recorded run)")])
+        return self
 
     @field_validator("path")
     @classmethod
-    def _check_path(cls, value: str) -> str:
+    def _check_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value.startswith("/"):
             raise ValueError(f"'{value}' must be a path in the dataset namespace, starting with '/'")
         if ".." in value.split("/"):
@@ -916,6 +933,9 @@ class DataLoadSpec(_Model):
 
     @model_validator(mode="after")
     def _check_schedule(self) -> "DataLoadSpec":
+        if self.policy == "OnEvent" and any(t.trace is not None for t in self.target):
+            raise FieldProblems([(("target",), (
+                "a trace target is a fixed set of files, no sync event changes it: use policy Once or Cron"))])
         check_schedule(self.policy, self.schedule)
         return self
 

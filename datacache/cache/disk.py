@@ -241,6 +241,9 @@ class DiskTier:
         self._accessed_lock = threading.Lock()
         self._flushed = time.monotonic()
         self.sweeper: threading.Thread | None = None  # this open's orphan sweep; None: none was due
+        # Eviction order: callable((key, size) rows in LRU order) -> rows in eviction order; None: LRU
+        # (a plan sets its next-use ranking, datacache.plan.nextuse).
+        self.rank_victims = None
         self._open()
 
     def _open(self) -> bool:
@@ -654,7 +657,8 @@ class DiskTier:
             return
         doomed, freed = [], 0
         # diskcache's LRU order: the access_time column its least-recently-used policy keeps.
-        for key, size in self._cache._sql("SELECT key, size FROM Cache ORDER BY access_time"):
+        rows = self._cache._sql("SELECT key, size FROM Cache ORDER BY access_time")
+        for key, size in rows if self.rank_victims is None else self.rank_victims(rows):
             if freed >= excess:
                 break
             doomed.append(key)

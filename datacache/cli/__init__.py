@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from datacache.cli import cluster, controller_verbs, crd_verbs, data, resources, rundemo
+from datacache.cli import cluster, controller_verbs, crd_verbs, data, plans, resources, rundemo
 from datacache.errors import DatacacheError, describe_error
 from datacache_fuse.cli import mount, unmount
 
@@ -42,7 +42,7 @@ def cli() -> None:
 
 
 for command in (*resources.COMMANDS, *data.COMMANDS, *rundemo.COMMANDS, *cluster.COMMANDS, *crd_verbs.COMMANDS,
-                *controller_verbs.COMMANDS, mount, unmount):
+                *controller_verbs.COMMANDS, *plans.COMMANDS, mount, unmount):
     cli.add_command(command)
 
 

@@ -30,9 +30,12 @@ def split_target(target: str) -> tuple[str, str]:
 @click.option("--check", is_flag=True,
               help="Verify the checksum of every cached block (each is read) and load again those that fail; "
                    "without it a block counts as cached when its file is there at its size.")
+@click.option("--from-trace", "trace", is_flag=False, flag_value="", default=None, metavar="[RUN]",
+              help="Load the files a recorded run read (mount --record, datacache:// record=RUN), in its order; "
+                   "without RUN the last one recorded.")
 @namespace_option
 @home_option
-def warmup(dataset, paths, quiet, check, namespace, home):
+def warmup(dataset, paths, quiet, check, trace, namespace, home):
     """Load DATASET (or PATHS inside it: files, directories, globs) into the cache.
 
     Exits 1 when any target is missing or could not be cached completely, naming it; Ctrl-C or
@@ -44,7 +47,7 @@ def warmup(dataset, paths, quiet, check, namespace, home):
                                  param_hint="DATASET")
     from datacache.cli.warmupbar import run_warmup
 
-    sys.exit(run_warmup(control_plane(home), dataset, list(paths), namespace, quiet, check))
+    sys.exit(run_warmup(control_plane(home), dataset, list(paths), namespace, quiet, check, trace))
 
 
 @click.command()

@@ -19,6 +19,7 @@ COLUMNS = {
         ("AGE", lambda d: age(d["metadata"].get("creationTimestamp"))),
         ("FILES", lambda d: _st(d, "fileNum")),
         ("CACHE HIT RATIO", lambda d: _cs(d, "cacheHitRatio")),
+        ("LAST TRACE CACHED", lambda d: _cs(d, "lastTraceCached")),
     ],
     "CacheRuntime": [
         ("NAME", lambda d: d["metadata"]["name"]),

@@ -28,7 +28,7 @@ class LoadRateColumn(ProgressColumn):
 
 
 def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str = "default",
-               quiet: bool = False, check: bool = False) -> int:
+               quiet: bool = False, check: bool = False, trace: str | None = None) -> int:
     """Warm up with a live progress bar (files, bytes, rate, ETA) on stderr and a summary on
     stdout; returns the exit status: 0 when every target is Complete, 1 when one is not, 130
     (Ctrl-C) or 143 (SIGTERM) when a signal cancelled it within about a second (phase
@@ -51,7 +51,7 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
     try:
         with cancel_on_signals() as cancel:
             name, result = plane.warmup(dataset, paths, namespace, on_progress=on_progress, cancel=cancel,
-                                        check=check)
+                                        check=check, trace=trace)
         if task is not None:  # the last frame shows the summary's rate, over the same duration
             bar.update(task, rate=result.loaded_bytes / result.duration if result.duration else 0.0)
     finally:

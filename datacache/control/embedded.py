@@ -40,6 +40,7 @@ from datacache.stack import refreshed, syncmark
 from datacache.control.fuse_mounts import fuse_mounts_of, lazy_unmount
 from datacache.stack import layout
 from datacache.stack.engines import stop_runtime
+from datacache.stack.plans import traced
 from datacache.stack.readpath import ReadPath, distributed
 from datacache.state import StateStore, default_home, now_iso
 from datacache.control.sync import sync_manifest
@@ -380,8 +381,11 @@ class Embedded:
             if dataload.spec.load_metadata and sync_first:
                 self.sync(ds.name, ds.namespace)
             dataset, runtime = self.bound(ds.name, ds.namespace)
-            targets = [t.path for t in dataload.spec.target]
-            result = self.paths.engine(runtime).load(dataset, targets, on_progress=progress, cancel=cancel)
+            targets = [t.path if t.trace is None else (t.label, [p for p, _ in traced(self.home, ds.name,
+                                                                                     ds.namespace, t.trace)[1]])
+                       for t in dataload.spec.target]
+            paths = [p for t in targets for p in ([t] if isinstance(t, str) else t[1])]  # an engine loads paths
+            result = self.paths.engine(runtime).load(dataset, paths, on_progress=progress, cancel=cancel)
             per_worker = {}
             if result is None:  # datacache's own cache: its warmup
                 client = self.open_dataset(ds.name, ds.namespace)
@@ -406,18 +410,21 @@ class Embedded:
         return result
 
     def warmup(self, name: str, paths: list[str], namespace: str = "default", on_progress=None,
-               cancel: threading.Event | None = None, check: bool = False):
+               cancel: threading.Event | None = None, check: bool = False, trace: str | None = None):
         """``datacache warmup``: a one-shot DataLoad named ``<dataset>-warmup-<UTC time>``, labelled
         ``datacache.io/warmup``; the oldest such records beyond ``WARMUP_HISTORY`` are deleted.
-        Returns ``(dataload name, WarmupResult)``."""
+        ``trace``: also load the files of that recorded run ('': the last one), in its order.
+        Returns ``(dataload name, WarmupResult)``. Raises ResourceError for a missing trace."""
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
         dl_name = f"{name[:30]}-warmup-{stamp}"
         doc = {"apiVersion": "datacache.io/v1alpha1", "kind": "DataLoad",
                "metadata": {"name": dl_name, "namespace": namespace, "labels": {dataloads.WARMUP_LABEL: name}},
                "spec": {"dataset": {"name": name, "namespace": namespace},
                         "target": [{"path": "/" + p.lstrip("/")} for p in paths]}}
-        dataload = load_resource_dict(doc, "datacache warmup")
         self.get("Dataset", name, namespace)
+        if trace is not None:  # named now, so the record says which run ('' is the last)
+            doc["spec"]["target"].append({"trace": traced(self.home, name, namespace, trace or None)[0]})
+        dataload = load_resource_dict(doc, "datacache warmup")
         self.state.put(to_document(dataload))
         for old in dataloads.stale_warmups(self.state.list("DataLoad", namespace), name):
             self.state.delete("DataLoad", old, namespace)
@@ -436,7 +443,7 @@ class Embedded:
                 continue
             dataload = load_resource_dict(doc, f"state:DataLoad/{ds.metadata.namespace}/{doc['metadata']['name']}")
             manifest = manifest or self.load_manifest(ds)
-            changed = manifest and dataloads.touched([t.path for t in dataload.spec.target], manifest, diff,
+            changed = manifest and dataloads.touched([t.path for t in dataload.spec.target if t.path], manifest, diff,
                                                      refreshed_paths)
             if not changed:
                 continue
@@ -491,8 +498,16 @@ class Embedded:
         finally:
             stats.close()
         cached = observe.cached_bytes(manifest, held, name, runtime.spec.block_size_bytes)
+        trace = observe.trace_cached(manifest, held, name, runtime.spec.block_size_bytes, self._last_trace(ds))
         return reconcile.DatasetObservation(**known, cached=cached, capacity=capacity, hits=hits, misses=misses,
-                                            remote_hits=remote), max(stored - cached, 0)
+                                            remote_hits=remote, trace=trace), max(stored - cached, 0)
+
+    def _last_trace(self, ds: Dataset) -> list[str] | None:
+        """The paths the dataset's last recorded run read, or None when none was recorded."""
+        try:
+            return [p for p, _ in traced(self.home, ds.metadata.name, ds.metadata.namespace)[1]]
+        except ResourceError:
+            return None
 
     @staticmethod
     def _reported(engine, ds: Dataset, known: dict) -> reconcile.DatasetObservation:

@@ -44,6 +44,19 @@ def cached_bytes(manifest: Manifest, stored: set[str], dataset: str, block_size:
                for key, length in zip(keys, lengths) if key in stored)
 
 
+def trace_cached(manifest: Manifest, stored: set[str], dataset: str, block_size: int,
+                 paths: list[str] | None) -> tuple[int, int] | None:
+    """``(cached, total)`` bytes of the current versions of ``paths`` (a recorded run's files;
+    those no longer in ``manifest`` are left out), as :func:`cached_bytes` counts them; None for
+    None (no run recorded)."""
+    if paths is None:
+        return None
+    entries = [e for e in map(manifest.lookup, paths) if e is not None]
+    if not entries:
+        return 0, 0
+    return cached_bytes(Manifest.from_entries(entries), stored, dataset, block_size), sum(e.size for e in entries)
+
+
 def stored_bytes(store, prefix: str) -> int:
     """Bytes of the blocks whose keys start with ``prefix`` on every level of a TieredStore that
     can sum them (disk levels, as :func:`store_keys`): every version's, not only the current.

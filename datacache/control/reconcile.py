@@ -22,7 +22,9 @@ class DatasetObservation:
     metadata sync runs now; ``sync_error``: why the last sync failed ('' when it did not);
     ``error``: why the cache cannot be read; ``not_ready``: why the runtime's engine cannot give
     its figures yet (its client not started: a state, not an error); ``cached_percentage``: the engine's own figure
-    (``juicefs warmup --check``), else None (computed from ``cached`` and ``ufs_total``)."""
+    (``juicefs warmup --check``), else None (computed from ``cached`` and ``ufs_total``);
+    ``trace``: ``(cached, total)`` bytes of the files the last recorded run read (None: no run
+    recorded)."""
 
     bound: bool
     synced: bool
@@ -38,6 +40,7 @@ class DatasetObservation:
     sync_error: str = ""
     cached_percentage: str | None = None
     not_ready: str = ""
+    trace: tuple[int, int] | None = None  # (cached, total) bytes of the last recorded run's files
 
 
 def percentage(part: int, whole: int) -> str:
@@ -85,6 +88,7 @@ def dataset_status(obs: DatasetObservation) -> dict:
             # Local: in-process cache, short-circuit reads, workers on the reader's node.
             "localHitRatio": percentage(obs.hits - obs.remote_hits, total),
             "remoteHitRatio": percentage(obs.remote_hits, total),
+            "lastTraceCached": percentage(*obs.trace) if obs.trace and synced else "-",
         },
     }
 

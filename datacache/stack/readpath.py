@@ -32,6 +32,7 @@ from datacache.dataset_namespace import DatasetNamespace
 from datacache.cluster import membership
 from datacache.errors import ResourceError
 from datacache.manifest import Manifest
+from datacache.plan.follow import PlanFollower
 from datacache.stack import layout, refreshed, syncmark
 from datacache.stack.engines import engine_for
 from datacache.state import StateStore
@@ -206,5 +207,7 @@ class ReadPath:
 
         names = DatasetNamespace(name, manifest, ufs, save, load_manifest=lambda: self.load_manifest(ds),
                                  manifest_path=path, manifest_lock=lambda: syncmark.manifest_write(directory))
-        return DatasetClient(names, source, readahead=runtime.spec.fuse.read_ahead_blocks,
-                             files=functools.partial(self.file_tier, runtime))
+        client = DatasetClient(names, source, readahead=runtime.spec.fuse.read_ahead_blocks,
+                               files=functools.partial(self.file_tier, runtime))
+        client.on_read(PlanFollower(client, directory))  # prefetch and evict by a published plan
+        return client

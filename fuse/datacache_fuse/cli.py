@@ -83,8 +83,11 @@ def _check_dataset(home: str, dataset: str, namespace: str, mountpoint: str, opt
                    "block) hold at least half of the dataset's bytes.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="With --background: seconds to wait for the mount to answer.")
+@click.option("--record", is_flag=False, flag_value="", default=None, metavar="[RUN]",
+              help="Write the access trace of this run (files in first-read order, with their sizes) under the "
+                   "dataset, for 'datacache warmup DATASET --from-trace RUN'; RUN defaults to the time.")
 def mount(dataset, mountpoint, namespace, background, restart, home, options, debug, allow_nonempty, read_mode,
-          timeout):
+          timeout, record):
     """Mount DATASET read-only at MOUNTPOINT through FUSE.
 
     Runs in the foreground until unmounted (Ctrl-C or 'datacache unmount MOUNTPOINT'), unless
@@ -96,6 +99,10 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
     mountpoint = mountinfo.canonical(mountpoint)
     logfile = log_path(home, dataset, namespace, mountpoint)
     try:
+        if record is not None:  # named once: a restarted daemon goes on with the same trace
+            from datacache.plan.trace import run_name
+
+            record = run_name(record)
         # a daemon's own refusal would only reach its log
         client = _check_dataset(home, dataset, namespace, mountpoint, options)
         if client is not None and not background:  # the engine's own client, always supervised
@@ -115,7 +122,7 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
                     check_empty(mountpoint)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
                                debug=debug, restart=restart, allow_nonempty=allow_nonempty,
-                               read_mode=read_mode)
+                               read_mode=read_mode, record=record)
             pid = start_background(argv, mountpoint, logfile, timeout)
             what = "supervisor" if restart else "daemon"
             click.echo(f"mounted {namespace}/{dataset} at {mountpoint} ({what} pid {pid}, log {logfile})")
@@ -124,11 +131,11 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
 
             setup_logging(logfile, debug=debug)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                               allow_nonempty=allow_nonempty, read_mode=read_mode)
+                               allow_nonempty=allow_nonempty, read_mode=read_mode, record=record)
             raise SystemExit(supervise(argv, mountpoint))
         else:
             serve(dataset, mountpoint, namespace=namespace, home=home, options=options, debug=debug,
-                  allow_nonempty=allow_nonempty, no_open=_NO_OPEN[read_mode], announce=click.echo)
+                  allow_nonempty=allow_nonempty, no_open=_NO_OPEN[read_mode], announce=click.echo, record=record)
     except _user_errors() as err:
         raise _UserError(str(err)) from None
 

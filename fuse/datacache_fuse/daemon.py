@@ -299,7 +299,8 @@ def _first_non_directory(path: str) -> str | None:
 def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: str | None = None,
           options: Iterable[str] = (), debug: bool = False, stderr: bool = True,
           read_ahead_kib: int = READ_AHEAD_KIB, workers: int = WORKERS, allow_nonempty: bool = False,
-          no_open: bool | None = None, announce: Callable[[str], None] | None = None) -> None:
+          no_open: bool | None = None, announce: Callable[[str], None] | None = None,
+          record: str | None = None) -> None:
     """Mount ``namespace/dataset`` at ``mountpoint`` and serve it until unmounted or signalled.
 
     Blocks. ``home``: DATACACHE_HOME (default from the environment); ``options``: extra ``-o``
@@ -310,7 +311,10 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     holds (:func:`choose_read_mode`, logged)
     (handlers in :mod:`.kernel_ops`, transport in :mod:`datacache_fuse.kernel`); ``announce``:
     called once the kernel's INIT came (the mount answers) with one line for the user,
-    ``mounted NS/DATASET at PATH (read-only, mode, cache levels), Ctrl-C to unmount``.
+    ``mounted NS/DATASET at PATH (read-only, mode, cache levels), Ctrl-C to unmount``;
+    ``record``: a run name under which the files read are written to the dataset's access trace
+    (:mod:`datacache.plan.trace`; a file served by the kernel's page cache or passed through
+    to it without a read reaching the daemon is not seen).
     Raises ``datacache.errors.ResourceError`` (no such
     dataset / runtime) or :class:`MountError` (also when the session ends while still mounted,
     e.g. the kernel refused the INIT handshake); returns normally after an unmount or a signal.
@@ -330,6 +334,10 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     try:
         runtime = paths.runtime_for(paths.get("Dataset", dataset, namespace))
         client = paths.open_dataset(dataset, namespace)  # ResourceError without a runtime
+        if record:
+            from datacache.stack.plans import recorder
+
+            client.on_read(recorder(home, dataset, namespace, record))
         fuse_spec = runtime.spec.fuse
         opts = mount_options(dataset, namespace, fuse_spec.options, options)
         prepare_mountpoint(mountpoint, allow_nonempty=allow_nonempty)

@@ -304,6 +304,8 @@ class DatasetOperations(Operations):
         handle = self._reader(ino) if self.no_open or fh == 0 else self._files.get(fh)
         if handle is None:
             raise OSError(errno.EBADF, "unknown file handle")
+        if offset == 0:  # a file's read starts: the plan's position and the trace (datacache.plan)
+            self.client.reading(handle.file.entry)
         with handle.lock:
             code = handle.repeat_failure(offset, size)  # see datacache_fuse.handles
             if code is not None:

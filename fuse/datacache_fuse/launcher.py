@@ -34,7 +34,7 @@ log = logging.getLogger("datacache_fuse")
 
 def daemon_argv(dataset: str, mountpoint: str, *, namespace: str, home: str, options=(),
                 debug: bool = False, restart: bool = False, allow_nonempty: bool = False,
-                read_mode: str = "auto") -> list[str]:
+                read_mode: str = "auto", record: str | None = None) -> list[str]:
     """The command line of a foreground daemon (or, with ``restart``, of a supervisor)."""
     argv = [sys.executable, "-m", "datacache_fuse", "mount", dataset, mountpoint,
             "--namespace", namespace, "--home", home]
@@ -45,6 +45,8 @@ def daemon_argv(dataset: str, mountpoint: str, *, namespace: str, home: str, opt
     if allow_nonempty:
         argv.append("--allow-nonempty")
     argv += ["--read-mode", read_mode]
+    if record:
+        argv.append(f"--record={record}")
     if restart:
         argv.append("--restart")
     return argv

@@ -335,8 +335,9 @@ def dataload_job(dataload: DataLoad, dataset: Dataset, runtime: CacheRuntime, ow
     name, namespace = dataload.metadata.name, dataload.metadata.namespace
     volumes, mounts = base_volumes(runtime)
     secret_vols, secret_mounts = secret_volumes(dataset)
-    warmup = ["datacache", "warmup", dataset.metadata.name, *[t.path for t in dataload.spec.target],
-              "-q", "-n", dataset.metadata.namespace]
+    traces = [f"--from-trace={t.trace}" for t in dataload.spec.target if t.trace is not None][:1]  # one per run
+    warmup = ["datacache", "warmup", dataset.metadata.name, *[t.path for t in dataload.spec.target if t.path],
+              *traces, "-q", "-n", dataset.metadata.namespace]
     labels = {"app.kubernetes.io/name": "datacache", "app.kubernetes.io/component": "dataload",
               "datacache.io/dataload": name}
     container = {"name": "warmup", "image": settings.image, "command": shell(_apply(), warmup),

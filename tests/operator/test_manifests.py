@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from datacache.api.loader import load_resources
+from datacache.api.models import DataLoadTarget
 from datacache.cluster.discovery import ordinal_worker_id, srv_name
 from datacache_operator import manifests
 from datacache_operator.settings import HOME, Settings
@@ -167,6 +168,11 @@ def test_dataload_job_runs_warmup_on_the_targets():
     assert job["metadata"]["name"] == "warm-dataload"
     script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert script.endswith("exec datacache warmup imagenet /s3/train '/labels/*.csv' -q -n ml")
+    traced = dataload.model_copy(update={"spec": dataload.spec.model_copy(update={
+        "target": [*dataload.spec.target, DataLoadTarget(trace="job-42")]})})
+    job = manifests.dataload_job(traced, dataset, runtime, _owner(dataload), Settings())
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert script.endswith("exec datacache warmup imagenet /s3/train '/labels/*.csv' --from-trace=job-42 -q -n ml")
 
 
 def test_job_phase_follows_the_job():

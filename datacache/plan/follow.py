@@ -1,0 +1,98 @@
+"""A DatasetClient following the plans published for its dataset (see :mod:`.channel`).
+
+On each file a reader opens (or reads without opening), the client's follower polls the plan
+directory (throttled), moves the reader's position in every plan that names the file, shares it
+with the node's other reading processes (prefetch and eviction go by the slowest:
+:func:`.channel.share_position`) and lets the prefetchers slide. While a plan is active the disk tier evicts by next use
+(:mod:`.nextuse`); when the last plan is withdrawn it is LRU again.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+
+from datacache.manifest import FileEntry
+from datacache.plan.channel import PlanWatcher, claim_prefetch, share_position
+from datacache.plan.cursor import PlanCursor
+from datacache.plan.nextuse import next_use_order
+from datacache.plan.prefetch import THREADS, Prefetcher, ahead_bound
+
+log = logging.getLogger(__name__)
+
+
+class PlanFollower:
+    """Follows the plans of ``client``'s dataset (``dataset_dir``: its directory under the
+    home). ``ahead_bytes``: prefetch bound (default :func:`ahead_bound` of the cache's capacity);
+    ``threads``: prefetch threads per plan. ``prefetchers``: the running ones, by rank: one
+    process per node prefetches a plan (the first to claim it, :func:`.channel.claim_prefetch`,
+    until the plan is replaced); every process ranks its evictions by the plans."""
+
+    def __init__(self, client, dataset_dir: str, ahead_bytes: int | None = None, threads: int = THREADS,
+                 interval: float | None = None):
+        self.client = client
+        self.watcher = PlanWatcher(dataset_dir) if interval is None else PlanWatcher(dataset_dir, interval)
+        self.ahead_bytes = ahead_bytes
+        self.threads = threads
+        self.dataset_dir = dataset_dir
+        self.cursors: list[PlanCursor] = []
+        self.prefetchers: dict[int, Prefetcher] = {}
+        self._claims: list[int] = []  # prefetch roles held (channel.claim_prefetch)
+        self._lock = threading.Lock()
+
+    def __call__(self, entry: FileEntry) -> None:
+        """A reader opened (or read) ``entry``."""
+        looked = self.watcher.looked
+        changed, plans = self.watcher.poll()
+        if changed:
+            with self._lock:
+                self._follow(plans)
+        share = self.watcher.looked != looked  # at most once per poll interval
+        for cursor in self.cursors:
+            moved = cursor.advance(entry.path)
+            if share:
+                try:
+                    cursor.seen(share_position(self.dataset_dir, cursor.plan, cursor.own))
+                    moved = True
+                except OSError:  # a read-only home: this process's own reads only
+                    pass
+            p = self.prefetchers.get(cursor.plan.rank) if moved else None
+            if p is not None:
+                p.moved()
+
+    def _follow(self, plans: dict) -> None:
+        self._release()
+        source = self.client.source
+        mine = [p for p in plans.values() if p.dataset == self.client.name]
+        self.cursors = [PlanCursor(p, self.client.manifest, source.block_size) for p in mine]
+        used, capacity = source.usage()
+        ahead = self.ahead_bytes or ahead_bound(capacity, source.block_size)
+        for c in self.cursors:
+            try:
+                fd = claim_prefetch(self.dataset_dir, c.plan.rank)
+            except OSError as err:  # a read-only home: reads go on, without prefetch
+                log.info("plan of rank %d not prefetched: %s", c.plan.rank, err)
+                continue
+            if fd is not None:  # this process prefetches that plan on this node
+                self._claims.append(fd)
+                self.prefetchers[c.plan.rank] = Prefetcher(source, c, ahead, self.threads)
+        ranking = functools.partial(next_use_order, cursors=self.cursors) if self.cursors else None
+        for level in getattr(getattr(source, "store", None), "levels", ()):
+            if hasattr(level, "rank_victims"):  # disk tiers of this process; workers' tiers keep LRU
+                level.rank_victims = ranking
+
+    def _release(self, wait: float = 0.0) -> None:
+        """Stop the prefetchers (waiting up to ``wait`` seconds each) and give their roles up."""
+        for p in self.prefetchers.values():
+            p.stop(wait)
+        self.prefetchers = {}
+        for fd in self._claims:
+            os.close(fd)
+        self._claims = []
+
+    def close(self) -> None:
+        """Stop prefetching, waiting up to 10 s for the fills in flight."""
+        with self._lock:
+            self._release(wait=10.0)
