@@ -124,7 +124,7 @@ class Router:
     @staticmethod
     def _open(disk: dict) -> DiskTier | None:
         path = disk["path"]
-        if not (os.access(path, os.R_OK | os.X_OK) and os.path.exists(os.path.join(path, "cache.db"))):
+        if not (os.access(path, os.R_OK | os.X_OK) and os.path.exists(os.path.join(path, "index.db"))):
             return None
         try:
             return DiskTier(path, int(disk.get("quota", 1 << 40)), medium=disk.get("medium", "SSD"))

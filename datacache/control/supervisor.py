@@ -331,7 +331,8 @@ def merge_caches(home: str, runtime) -> list[str]:
     for level, base, workers in levels:
         if not workers:
             continue
-        target = DiskTier(base, level.quota_bytes, level.high, level.low, level.mediumtype)
+        target = DiskTier(base, level.quota_bytes, level.high, level.low, level.mediumtype,
+                          runtime.spec.block_size_bytes)
         try:
             for worker in workers:
                 report = merge.merge_into(target, int(level.quota_bytes * level.high), os.path.join(base, worker),
