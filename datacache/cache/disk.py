@@ -203,7 +203,7 @@ class DiskTier:
         self._high = int(quota * high)
         self._low = int(quota * low)
         self._lock = threading.RLock()  # orders this process's index writes (one connection)
-        self._db = self._ro = None  # index connections (writes; lookups); None while unusable
+        self._db = self._ro = None  # index connections (writes; per-thread lookups); None while unusable
         self._rows: dict[str, tuple[str, int, int, str]] = {}  # key -> :meth:`_row` of a recent hit
         self._checked: set[str] = set()  # cache files this instance checked whole (open_whole)
         self.evictions = 0
@@ -236,7 +236,7 @@ class DiskTier:
         try:
             with _flocked(lock_fd):
                 db = self._open_index()
-                ro = self._connect()
+                ro = _Readers(os.path.join(self.path, _INDEX))
         except (OSError, sqlite3.Error) as err:
             os.close(lock_fd)
             return self._cannot_open(err)
@@ -375,13 +375,14 @@ class DiskTier:
         file (what status counts, cases C13/C14). Blocks whose file is gone or short are dropped."""
         if self._ro is None:
             return
-        rows = self._ro.execute("SELECT b.file, b.idx, b.size, f.name, f.stride FROM blocks b "
-                                "JOIN files f ON f.file = b.file ORDER BY b.file").fetchall()
+        rows = self._scan("SELECT b.file, b.idx, b.size, f.name, f.stride FROM blocks b "
+                          "JOIN files f ON f.file = b.file ORDER BY b.file")
         sizes: dict[str, int] = {}
         lost_before = self.lost
         for file, index, size, name, stride in rows:
             path = os.path.join(self.files, name)
             if path not in sizes:
+                sizes.clear()  # rows come ordered by file: one stat per cache file
                 try:
                     sizes[path] = os.stat(path).st_size
                 except FileNotFoundError:
@@ -399,7 +400,18 @@ class DiskTier:
         """Iterate over stored block keys."""
         if self._ro is None:
             return iter(())
-        return (join_key(file, index) for file, index in self._ro.execute("SELECT file, idx FROM blocks").fetchall())
+        return (join_key(file, index) for file, index in self._scan("SELECT file, idx FROM blocks"))
+
+    def _scan(self, sql: str):
+        """Rows of ``sql`` streamed in batches over a connection of their own: a statement left
+        open on the shared one would hold its read snapshot for every thread using it."""
+        con = sqlite3.connect(os.path.join(self.path, _INDEX), timeout=60, isolation_level=None)
+        try:
+            cursor = con.execute(sql)
+            while batch := cursor.fetchmany(1024):
+                yield from batch
+        finally:
+            con.close()
 
     def prefix_bytes(self, prefix: str) -> int:
         """Bytes of the stored blocks whose keys start with ``prefix`` (e.g. one dataset's
@@ -725,9 +737,7 @@ class DiskTier:
         try:
             for index, size in doomed:
                 punch_hole(path, max(index, 0) * stride, size)
-        except FileNotFoundError:
-            pass
-        except OSError:  # a file system without hole punching: the rest of the file goes too
+        except OSError:  # the file is gone (every block with it), or its file system cannot punch holes
             return len(doomed) + self._remove(file, None)
         return len(doomed)
 
@@ -843,7 +853,33 @@ class DiskTier:
         self._db = self._ro = None
 
 
-def _close(db: sqlite3.Connection, ro: sqlite3.Connection, lock_fd: int) -> None:
+class _Readers:
+    """One connection to the index per thread, for lookups (Python's ``sqlite3`` does not promise
+    that one connection serves several threads at once)."""
+
+    def __init__(self, path: str):
+        self._path = path
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def execute(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(self._path, timeout=60, isolation_level=None, check_same_thread=False)
+            with self._lock:
+                self._all.append(con)
+            self._local.con = con
+        return con.execute(sql, args)
+
+    def close(self) -> None:
+        with self._lock:
+            for con in self._all:
+                con.close()
+            self._all.clear()
+
+
+def _close(db: sqlite3.Connection, ro: _Readers, lock_fd: int) -> None:
     db.close()
     ro.close()
     os.close(lock_fd)
