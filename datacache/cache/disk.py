@@ -86,8 +86,8 @@ ACCESS_FLUSH_S = 1.0  # seconds between two writes of the blocks' access times t
 ROWS_KEPT = 16384  # index rows of recent hits kept in memory: a hit without a SELECT
 BLOCK_SIZE = 4 << 20  # default block size (bytes): the stride of a file's blocks
 FILES = "files"  # subdirectory of the cache files
-_INDEX = "index.db"
-_INDEX_FILES = (_INDEX, _INDEX + "-wal", _INDEX + "-shm", _INDEX + "-journal")
+INDEX = "index.db"  # the index of a cache directory: where it is, a disk tier has used the directory
+_INDEX_FILES = (INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal")
 _OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the block-file layout's diskcache index
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files (file TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, "
@@ -120,6 +120,11 @@ def split_key(key: str) -> tuple[str, int]:
 def join_key(file: str, index: int) -> str:
     """The block key of block ``index`` of ``file`` (inverse of :func:`split_key`)."""
     return file if index < 0 else f"{file}/{index}"
+
+
+def holds_cache(directory: str) -> bool:
+    """Whether ``directory`` is a disk tier's cache directory (its index is there)."""
+    return os.path.exists(os.path.join(directory, INDEX))
 
 
 @contextlib.contextmanager
@@ -236,7 +241,7 @@ class DiskTier:
         try:
             with _flocked(lock_fd):
                 db = self._open_index()
-                ro = _Readers(os.path.join(self.path, _INDEX))
+                ro = _Readers(os.path.join(self.path, INDEX))
         except (OSError, sqlite3.Error) as err:
             os.close(lock_fd)
             return self._cannot_open(err)
@@ -277,7 +282,7 @@ class DiskTier:
                     os.unlink(os.path.join(self.path, name))
             log.warning("cache tier %s (%s): its index %s was damaged (%s): deleted with the cache files it "
                         "indexed (they cannot be verified without it); the tier starts empty", self.path,
-                        self.medium, os.path.join(self.path, _INDEX), err)
+                        self.medium, os.path.join(self.path, INDEX), err)
             db, empty = self._connect(), True
         if empty:
             self.orphans_removed += self._delete_cache_files(set(), cutoff=None)
@@ -286,7 +291,7 @@ class DiskTier:
     def _connect(self) -> sqlite3.Connection:
         """A connection to the index, created if missing (0600). Raises ``sqlite3.DatabaseError``
         when it is damaged, ``sqlite3.OperationalError``/``OSError`` when it cannot be used."""
-        db = sqlite3.connect(os.path.join(self.path, _INDEX), timeout=60, isolation_level=None,
+        db = sqlite3.connect(os.path.join(self.path, INDEX), timeout=60, isolation_level=None,
                              check_same_thread=False)
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -405,7 +410,7 @@ class DiskTier:
     def _scan(self, sql: str):
         """Rows of ``sql`` streamed in batches over a connection of their own: a statement left
         open on the shared one would hold its read snapshot for every thread using it."""
-        con = sqlite3.connect(os.path.join(self.path, _INDEX), timeout=60, isolation_level=None)
+        con = sqlite3.connect(os.path.join(self.path, INDEX), timeout=60, isolation_level=None)
         try:
             cursor = con.execute(sql)
             while batch := cursor.fetchmany(1024):
