@@ -533,12 +533,12 @@ class DiskTier:
         the descriptor reads never changes. Marks its blocks recently used."""
         if self._ro is None or blocks <= 0:
             return None
-        row = _first(self._ro.execute("SELECT f.name, f.stride, COUNT(b.idx), COALESCE(SUM(b.size), 0) FROM files f "
+        row = _first(self._ro.execute("SELECT f.name, f.exposed, COUNT(b.idx), COALESCE(SUM(b.size), 0) FROM files f "
                                "LEFT JOIN blocks b ON b.file = f.file WHERE f.file = ? GROUP BY f.file",
                                (file,)))
         if row is None or row[2] != blocks or row[3] != size:
             return None
-        name, stride = row[0], row[1]
+        name, exposed = row[0], row[1]
         path = os.path.join(self.files, name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -548,10 +548,12 @@ class DiskTier:
             if os.fstat(fd).st_size != size or (name not in self._checked and not self._check_whole(file, fd, path)):
                 os.close(fd)
                 return None
-            with self._exclusive():
-                marked = self._db.execute(
-                    "UPDATE files SET exposed = 1 WHERE file = ? AND name = ? AND "
-                    "(SELECT COUNT(*) FROM blocks WHERE file = ?) = ?", (file, name, file, blocks)).rowcount
+            marked = exposed  # a file handed out before keeps all its blocks until unlinked whole
+            if not marked:
+                with self._exclusive():
+                    marked = self._db.execute(
+                        "UPDATE files SET exposed = 1 WHERE file = ? AND name = ? AND "
+                        "(SELECT COUNT(*) FROM blocks WHERE file = ?) = ?", (file, name, file, blocks)).rowcount
         except BaseException:
             os.close(fd)
             raise
