@@ -86,3 +86,35 @@ def test_quota_zero_of_the_file_tier_leaves_the_disk_tiers_files_in_use(datacach
     finally:
         client.close()
         plane.close()
+
+
+def test_a_plain_file_open_keeps_its_bytes_while_the_cache_evicts_it(datacache_home, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(5 * BS + 123)
+    (src / "shard.bin").write_bytes(data)
+    others = [f"other{i}.bin" for i in range(8)]
+    for name in others:  # 8 x 10 blocks through a 64-block quota: the shard's file goes
+        (src / name).write_bytes(os.urandom(10 * BS))
+    levels = [{"mediumtype": "SSD", "path": "cache", "quota": "4Mi", "high": 0.95, "low": 0.5}]
+    plane = apply_dataset(datacache_home, "ev", [{"name": "local", "mountPoint": str(src)}], levels, block_size="64Ki")
+    fs = fsspec.filesystem("datacache", home=str(plane.home), skip_instance_cache=True)
+    client = fs._client("ev")
+    try:
+        entry = client.stat("shard.bin")
+        assert warmup(client, ["shard.bin"]).ok
+        with fs.open("ev/shard.bin") as f:
+            assert isinstance(f, io.BufferedReader)  # the disk tier's cache file, handed out whole
+            path = client.source.store.block_file(str(client.source.key(entry, 0)))
+            head = f.read(100)
+            for name in others:
+                warmup(client, [name])
+            assert not os.path.exists(path) and client.cached_fraction(entry) == 0.0  # evicted: unlinked
+            assert os.fstat(f.fileno()).st_nlink == 0
+            rest = f.read()
+        assert hashlib.sha256(head + rest).digest() == hashlib.sha256(data).digest()
+        used, capacity = client.usage()
+        assert capacity == 4 << 20 and used <= capacity
+    finally:
+        fs.close()
+        plane.close()
