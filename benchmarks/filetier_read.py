@@ -1,5 +1,6 @@
-"""File tier benchmark (issue 17): one contiguous file per version against the block tier's
-4 MiB block files, side by side in one run, ratios printed.
+"""File tier benchmark (issue 17): the file tier's copy of a version (used with cache workers) read as
+a plain file, against the same version read block by block from the disk tier (4 MiB blocks, since
+issue 17 item 4 at their offsets in one cache file per version), side by side, ratios printed.
 
 Run from the repository root, as root (it drops the page cache)::
 

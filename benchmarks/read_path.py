@@ -211,7 +211,8 @@ class _ChainedFiles:
 
 def block_file_reader(env: DemoEnvironment, wl: Workload, home: str, chunk: int) -> Reader:
     """``wl``'s files as the SSD tier of the runtime at ``home`` stores them, read raw: each file is
-    the chain of its block files (found once, here, through the dataset's block source)."""
+    its version's cache file, which holds every block at its offset once warmed up (found once,
+    here, through the dataset's block source)."""
     plane = Embedded(home)
     try:
         client = plane.open_dataset(DATASET, "default")
@@ -220,7 +221,7 @@ def block_file_reader(env: DemoEnvironment, wl: Workload, home: str, chunk: int)
             for p in wl.paths:
                 entry = client.stat(p)
                 keys = [str(client.source.key(entry, i)) for i in range(block_count(entry.size, client.block_size))]
-                blocks[p] = [client.source.store.block_file(k) for k in keys]
+                blocks[p] = list(dict.fromkeys(client.source.store.block_file(k) for k in keys))  # one file
         finally:
             client.close()
     finally:

@@ -45,12 +45,14 @@ def s3_mount(moto_server, bucket: str, prefix: str = "", name: str = "s3", path:
 
 
 def du(path: str) -> int:
-    """Bytes of regular files under ``path`` (what the cache directory really holds)."""
+    """Bytes of regular files under ``path`` (what the cache directory really holds): a sparse
+    cache file counts its allocated blocks, not its holes."""
     total = 0
     for root, _, files in os.walk(path):
         for f in files:
             try:
-                total += os.lstat(os.path.join(root, f)).st_size
+                st = os.lstat(os.path.join(root, f))
+                total += min(st.st_size, st.st_blocks * 512)
             except FileNotFoundError:
                 pass
     return total

@@ -1,9 +1,9 @@
 """Issue 18 item 2: status and warmup count what is on disk, not what the cache's index says.
 
-Block files deleted or truncated behind the cache's back (a cleaner, a full disk, a hand) made
+Cache files deleted or truncated behind the cache's back (a cleaner, a full disk, a hand) made
 ``datacache get datasets`` and ``ls -l`` say 100 % and a resumable warmup report Complete with
 0 B loaded (the report pattern of JuiceFS #6513 and Fluid #633). Now a block counts only when its
-file is there at its size; warmup reloads exactly what is gone, and ``warmup --check`` also what
+file version's cache file is there and reaches the block's end; warmup reloads exactly what is gone, and ``warmup --check`` also what
 fails its checksum.
 """
 
@@ -44,8 +44,9 @@ def warmed(datacache_home, tmp_path):
     return files
 
 
-def _block_files(home) -> dict[tuple[str, int], tuple[str, int]]:
-    """``(dataset path, index) -> (block file, block length)`` of every cached block."""
+def _block_files(home) -> dict[tuple[str, int], tuple[str, int, int]]:
+    """``(dataset path, index) -> (cache file, block offset in it, block length)`` of every cached
+    block."""
     client = Embedded(str(home)).open_dataset("truth")
     try:
         found = {}
@@ -53,7 +54,7 @@ def _block_files(home) -> dict[tuple[str, int], tuple[str, int]]:
             for i in range(block_count(entry.size, BLOCK)):
                 path = client.source.store.block_file(str(client.source.key(entry, i)))
                 start, end = block_range(i, entry.size, BLOCK)
-                found[(entry.path, i)] = (path, end - start)
+                found[(entry.path, i)] = (path, start, end - start)
         return found
     finally:
         client.close()
@@ -69,15 +70,14 @@ def _ls(home) -> dict[str, str]:
     return {line.split()[-1]: line.split()[1] for line in lines if not line.split()[-1].endswith("/")}
 
 
-def test_deleted_and_truncated_block_files_are_not_counted_and_warmup_reloads_them(warmed, datacache_home):
+def test_deleted_and_truncated_cache_files_are_not_counted_and_warmup_reloads_them(warmed, datacache_home):
     blocks = _block_files(datacache_home)
-    assert all(path is not None for path, _ in blocks.values())
-    deleted = [("a.bin", 0), ("a.bin", 9), ("b.bin", 3), ("b.bin", 9), ("sub/c.bin", 4)]
-    truncated = ("sub/c.bin", 9)  # the last block, 1 byte: truncated to nothing
-    for key in deleted:
-        os.unlink(blocks[key][0])
-    os.truncate(blocks[truncated][0], 0)
-    lost = sum(blocks[k][1] for k in [*deleted, truncated])
+    assert all(path is not None for path, _, _ in blocks.values())
+    os.unlink(blocks[("a.bin", 0)][0])  # the whole version's file
+    os.truncate(blocks[("b.bin", 3)][0], blocks[("b.bin", 3)][1] + 5)  # cut inside block 3
+    os.truncate(blocks[("sub/c.bin", 9)][0], blocks[("sub/c.bin", 9)][1])  # the last block, 1 byte: gone
+    gone = [("a.bin", i) for i in range(10)] + [("b.bin", i) for i in range(3, 10)] + [("sub/c.bin", 9)]
+    lost = sum(blocks[k][2] for k in gone)
     total = sum(SIZES.values())
 
     status = _status(datacache_home)
@@ -85,7 +85,7 @@ def test_deleted_and_truncated_block_files_are_not_counted_and_warmup_reloads_th
     assert status["cacheStates"]["cachedPercentage"] == percentage(total - lost, total)
     table = dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()
     assert table[1].split()[2] == format_bytes(total - lost)
-    lost_of = {f: sum(blocks[key][1] for key in [*deleted, truncated] if key[0] == f) for f in SIZES}
+    lost_of = {f: sum(blocks[key][2] for key in gone if key[0] == f) for f in SIZES}
     assert _ls(datacache_home) == {f.rsplit("/", 1)[-1]: percentage(size - lost_of[f], size) for f, size in SIZES.items()}
 
     out = dc("warmup", "-q", "truth", home=datacache_home, check=True).stdout.decode()
@@ -100,8 +100,9 @@ def test_deleted_and_truncated_block_files_are_not_counted_and_warmup_reloads_th
 
 def test_warmup_check_reloads_a_block_whose_bytes_changed_at_its_size(warmed, datacache_home):
     blocks = _block_files(datacache_home)
-    path, length = blocks[("b.bin", 5)]
+    path, offset, length = blocks[("b.bin", 5)]
     with open(path, "r+b") as f:  # same size, other bytes: only the checksum tells
+        f.seek(offset)
         f.write(b"\0" * 100)
     out = dc("warmup", "-q", "truth", home=datacache_home, check=True).stdout.decode()
     assert "Complete in" in out and "0B loaded from the UFS" in out  # presence and size only

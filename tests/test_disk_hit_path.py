@@ -1,7 +1,7 @@
 """The SSD tier's hit path: a read writes nothing to the index (its access time is batched), yet LRU
 eviction still sees it; a block file lost under the index is refetched and stored again; a whole
-small file comes back through ``datacache://`` byte for byte; a block file of the wrong size is
-corrupt; a block read in pieces for a reader is verified as a whole and sliced exactly, and kept in
+small file comes back through ``datacache://`` byte for byte; a block cut short or overwritten in
+its cache file is corrupt; a block read in pieces for a reader is verified as a whole and sliced exactly, and kept in
 pieces when promoted to MEM; orphan block files are swept at most once per grace period; a remembered
 index row gone stale is asked again (reads and read-ahead hints alike)."""
 
@@ -24,8 +24,8 @@ BLOCK = 256 << 10
 
 
 def _access_times(path: str) -> dict[str, float]:
-    with sqlite3.connect(os.path.join(path, "cache.db")) as con:
-        return dict(con.execute("SELECT key, access_time FROM Cache"))
+    with sqlite3.connect(os.path.join(path, "index.db")) as con:
+        return dict(con.execute("SELECT file || '/' || idx, atime FROM blocks"))
 
 
 def test_a_hit_writes_no_index_row_until_flushed_and_still_counts_for_lru(tmp_path):
@@ -98,12 +98,17 @@ def _each_damage_is_dropped(tier: DiskTier, value: bytes, get, damages) -> None:
     assert tier.put("ds/a/0", value)
 
 
-def test_a_truncated_or_grown_block_file_is_corrupt_dropped_and_stored_again(tmp_path):
+def _flip(f, at: int, value: bytes) -> None:
+    f.seek(at)
+    f.write(b"\xff" if value[at] != 0xFF else b"\0")
+
+
+def test_a_truncated_or_overwritten_block_is_corrupt_dropped_and_stored_again(tmp_path):
     tier = DiskTier(str(tmp_path / "ssd"), 16 * BLOCK)
     value = os.urandom(BLOCK)
     try:
         _each_damage_is_dropped(tier, value, tier.get, (lambda f: f.truncate(BLOCK - 1),
-                                                        lambda f: (f.seek(0, 2), f.write(b"\0"))))
+                                                        lambda f: _flip(f, 0, value)))
         assert hashlib.sha256(tier.get("ds/a/0")).digest() == hashlib.sha256(value).digest()
     finally:
         tier.close()
@@ -123,8 +128,8 @@ def test_a_block_read_in_pieces_is_verified_whole_and_sliced_exactly(tmp_path):
         for lo, hi in ((0, 1), (PIECE - 3, PIECE + 5), (17, size), (size - 1, size), (3 * PIECE, size), (5, 3 * PIECE)):
             assert bytes(block.slice(lo, hi)) == value[lo:hi], (lo, hi)
         _each_damage_is_dropped(tier, value, tier.get_pieces, (
-            lambda f: (f.seek(size - 7), f.write(b"\xff" if value[-7] != 0xFF else b"\0")),  # in the last piece
-            lambda f: f.truncate(size - 1), lambda f: (f.seek(0, 2), f.write(b"\0"))))
+            lambda f: _flip(f, size - 7, value),  # in the last piece
+            lambda f: f.truncate(size - 1), lambda f: _flip(f, 0, value)))
         assert tier.put("ds/s/0", value[:PIECE])  # one piece or less: plain bytes
         assert tier.get_pieces("ds/s/0") == value[:PIECE]
     finally:
@@ -156,8 +161,8 @@ def test_orphan_files_are_swept_once_per_grace_period_per_directory(tmp_path):
     indexed = tier.block_file("ds/a/0")
     tier.sweeper.join(10)
     tier.close()
-    orphan = os.path.join(os.path.dirname(indexed), "0123456789abcdef0123456789abcdef.val")
-    with open(orphan, "wb") as f:  # a block file whose writer was killed before its index row
+    orphan = os.path.join(os.path.dirname(indexed), "0123456789abcdef0123456789abcdef")
+    with open(orphan, "wb") as f:  # a cache file whose writer was killed before its index row
         f.write(b"x" * 100)
     old = time.time() - ORPHAN_GRACE_S - 1
     os.utime(orphan, (old, old))
@@ -181,16 +186,16 @@ def test_a_remembered_row_gone_stale_in_another_process_never_serves_old_bytes(t
     old, new = os.urandom(BLOCK), os.urandom(BLOCK)
     try:
         assert reader.put("ds/a/0", old) and reader.get("ds/a/0") == old  # its row is remembered now
-        writer._cache.delete("ds/a/0")  # another process evicts it ...
+        writer.discard("ds/a/0")  # another process evicts it ...
         assert not reader.advise("ds/a/0")
         assert reader.get("ds/a/0") is None and "ds/a/0" not in writer
-        assert writer.put("ds/a/0", new)  # ... and stores it again: a new block file
+        assert writer.put("ds/a/0", new)  # ... and stores it again: a new cache file
         assert reader.advise("ds/a/0")  # its new row is remembered by the hint ...
         os.unlink(writer.block_file("ds/a/0"))  # ... and its file lost: a miss, never old bytes
         assert reader.get("ds/a/0") is None and "ds/a/0" not in writer
         assert writer.put("ds/a/0", new)
         assert reader.get("ds/a/0") == new
-        writer._cache.delete("ds/a/0")
+        writer.discard("ds/a/0")
         assert writer.put("ds/a/0", old) and reader.get("ds/a/0") == old
         assert reader.corrupt == 0 and reader.get("ds/a/0") == writer.get("ds/a/0") == old
     finally:

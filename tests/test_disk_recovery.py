@@ -1,13 +1,16 @@
-"""The SSD tier's index, damaged or emptied under it: a damaged ``cache.db`` is replaced by an empty
-index (its block files deleted) and the tier works; an emptied one leaves no unindexed block file
-outside the quota; a read-only directory still says how to fix it."""
+"""The SSD tier's index, damaged or emptied under it: a damaged ``index.db`` is replaced by an empty
+index (its cache files deleted) and the tier works; an emptied one leaves no unindexed cache file
+outside the quota; a read-only directory still says how to fix it; the block-file layout of before
+is deleted when found."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
+import sqlite3
 import subprocess
 import time
 
@@ -15,30 +18,34 @@ import pytest
 
 from datacache.cache import disk as disk_module
 from datacache.cache.disk import ORPHAN_GRACE_S, DiskTier
+from support import du
 
 BLOCK = 4 << 20
 HAVE_MOUNT = os.geteuid() == 0 and shutil.which("mount") is not None
 
 
 def _block_files(path: str) -> list[str]:
-    return [os.path.join(root, n) for root, _, names in os.walk(path) for n in names if n.endswith(".val")]
+    """The cache files of the tier at ``path`` (one per file version; these tests store one block
+    per file version)."""
+    files = os.path.join(path, disk_module.FILES)
+    return [os.path.join(files, n) for n in os.listdir(files)] if os.path.isdir(files) else []
 
 
 def _bytes_under(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, n)) for root, _, names in os.walk(path) for n in names)
+    return du(path)
 
 
 def _filled(path: str, blocks: int) -> None:
     tier = DiskTier(path, 64 << 20)
     try:
         for i in range(blocks):
-            assert tier.put(f"ds/f/{i}", os.urandom(BLOCK))
+            assert tier.put(f"ds/f{i}/0", os.urandom(BLOCK))
     finally:
         tier.close()
     assert len(_block_files(path)) == blocks
 
 
-def _garbage(db: str) -> None:  # what `head -c 4096 /dev/urandom > cache.db` does
+def _garbage(db: str) -> None:  # what `head -c 4096 /dev/urandom > index.db` does
     with open(db, "wb") as f:
         f.write(os.urandom(4096))
 
@@ -54,7 +61,7 @@ def _malformed(db: str) -> None:  # a good header, garbage pages behind it
 def test_a_damaged_index_is_replaced_and_the_tier_starts_empty_and_works(tmp_path, caplog, damage, reason):
     path = str(tmp_path / "ssd")
     _filled(path, 3)
-    damage(os.path.join(path, "cache.db"))
+    damage(os.path.join(path, "index.db"))
     with caplog.at_level(logging.WARNING, logger="datacache.cache.disk"):
         tier = DiskTier(path, 64 << 20)
     try:
@@ -76,9 +83,11 @@ def test_an_index_damaged_while_open_is_replaced_at_the_recheck(tmp_path, caplog
     path = str(tmp_path / "ssd")
     tier = DiskTier(path, 64 << 20)
     try:
-        assert tier.put("ds/f/0", os.urandom(BLOCK))
-        _garbage(os.path.join(path, "cache.db"))
-        assert tier.get("ds/f/0") is None and not tier.healthy  # a miss: the UFS serves it
+        assert tier.put("ds/f0/0", os.urandom(BLOCK))
+        with contextlib.closing(sqlite3.connect(os.path.join(path, "index.db"))) as con:
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the rows are in the file now, not its WAL
+        _garbage(os.path.join(path, "index.db"))
+        assert tier.get("ds/f0/0") is None and not tier.healthy  # a miss: the UFS serves it
         monkeypatch.setattr(disk_module, "RECHECK_S", 0.0)
         value = os.urandom(BLOCK)
         with caplog.at_level(logging.WARNING, logger="datacache.cache.disk"):
@@ -93,12 +102,12 @@ def test_an_index_damaged_while_open_is_replaced_at_the_recheck(tmp_path, caplog
 def test_an_emptied_index_sweeps_every_block_file_at_open_and_holds_the_quota(tmp_path):
     path, quota = str(tmp_path / "ssd"), 64 << 20
     _filled(path, 14)  # 56 MiB of young block files
-    open(os.path.join(path, "cache.db"), "wb").close()  # `: > cache.db`
+    open(os.path.join(path, "index.db"), "wb").close()  # `: > index.db`
     tier = DiskTier(path, quota)
     try:
         assert tier.orphans_removed == 14 and _block_files(path) == []  # at once, whatever their age
         for i in range(30):  # a 120 MiB warmup
-            assert tier.put(f"ds/w/{i}", os.urandom(BLOCK))
+            assert tier.put(f"ds/w{i}/0", os.urandom(BLOCK))
         assert tier.used() <= quota and _bytes_under(path) <= quota
         assert len(_block_files(path)) == len(list(tier.keys())) == tier.used() // BLOCK
     finally:
@@ -110,11 +119,11 @@ def test_a_second_open_of_a_directory_in_use_deletes_nothing(tmp_path):
     first = DiskTier(path, 64 << 20)
     value = os.urandom(BLOCK)
     try:
-        assert first.put("ds/f/0", value)
+        assert first.put("ds/f0/0", value)
         second = DiskTier(path, 64 << 20)  # the index has a row: no file is taken for an orphan
         try:
             assert second.orphans_removed == 0 and len(_block_files(path)) == 1
-            assert hashlib.sha256(second.get("ds/f/0")).digest() == hashlib.sha256(value).digest()
+            assert hashlib.sha256(second.get("ds/f0/0")).digest() == hashlib.sha256(value).digest()
         finally:
             second.close()
     finally:
@@ -136,7 +145,7 @@ def test_the_sweeps_leave_the_workers_tiers_below_the_in_process_one_alone(tmp_p
         tier.close()
     tier = DiskTier(worker, 64 << 20)
     try:
-        assert all(len(tier.get(f"ds/f/{i}")) == BLOCK for i in range(2))  # checksums verified
+        assert all(len(tier.get(f"ds/f{i}/0")) == BLOCK for i in range(2))  # checksums verified
     finally:
         tier.close()
 
@@ -148,7 +157,7 @@ def test_a_read_only_directory_keeps_the_cannot_be_used_message(tmp_path, caplog
     path = str(tmp_path / "ssd")
     _filled(path, 1)
     if damage:
-        damage(os.path.join(path, "cache.db"))
+        damage(os.path.join(path, "index.db"))
     subprocess.run(["mount", "--bind", path, path], check=True)
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", path], check=True)
@@ -158,8 +167,27 @@ def test_a_read_only_directory_keeps_the_cannot_be_used_message(tmp_path, caplog
         warning = next(m for m in messages if "cannot be used" in m)
         assert path in warning and "Read-only file system" in warning and f"fix: make {path} writable" in warning
         assert not any("damaged" in m for m in messages)
-        assert not tier.healthy and tier.get("ds/f/0") is None and not tier.put("ds/f/1", b"x")
+        assert not tier.healthy and tier.get("ds/f0/0") is None and not tier.put("ds/f1/0", b"x")
         assert len(_block_files(path)) == 1  # nothing deleted
         tier.close()
     finally:
         subprocess.run(["umount", "-l", path], check=False)
+
+
+def test_the_block_file_layout_of_before_is_deleted_at_open(tmp_path):
+    path = str(tmp_path / "ssd")
+    old = [os.path.join(path, "ab", "cd", f"{i:032x}.val") for i in range(3)]
+    for name in old:
+        os.makedirs(os.path.dirname(name), exist_ok=True)
+        with open(name, "wb") as f:
+            f.write(os.urandom(1000))
+    with open(os.path.join(path, "cache.db"), "wb") as f:  # diskcache's index of those
+        f.write(os.urandom(4096))
+    _filled(os.path.join(path, "worker-0"), 1)  # a worker's tier below: not of that layout
+    tier = DiskTier(path, 64 << 20)
+    try:
+        assert not any(os.path.exists(n) for n in old) and not os.path.exists(os.path.join(path, "ab"))
+        assert not os.path.exists(os.path.join(path, "cache.db")) and tier.healthy
+        assert len(_block_files(os.path.join(path, "worker-0"))) == 1
+    finally:
+        tier.close()

@@ -1,14 +1,13 @@
-"""``datacache://`` over the file tier (issue 17 item 6): a file version complete in the cache is
-copied once into the node's file tier, and later opens get a plain local file object over it;
-a new version never opens the old version's file; deleting the dataset removes the tier;
-``fileTier.quota: 0`` turns it off."""
+"""``datacache://`` plain-file opens (issue 17 items 4 and 6): with the in-process cache, a file
+version whose blocks are all on the disk level opens as a plain local file object over the disk
+tier's own cache file of it (no copy, no file tier directory); a new version never opens the old
+version's file; ``fileTier.quota: 0`` (the workers' copy) changes nothing here."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import os
-import time
 
 import fsspec
 
@@ -17,14 +16,6 @@ from datacache.stack import layout
 from support import apply_dataset
 
 BS = 64 << 10
-
-
-def _wait_for_file(client, entry, timeout: float = 30.0) -> None:
-    fid = client.source.key(entry, 0).file_id
-    deadline = time.monotonic() + timeout
-    while not client.files.contains(fid):
-        assert time.monotonic() < deadline, "the file was not copied into the file tier"
-        time.sleep(0.05)
 
 
 def _dataset(datacache_home, tmp_path, file_tier: dict | None = None):
@@ -48,24 +39,23 @@ def test_a_complete_version_opens_as_a_plain_local_file(datacache_home, tmp_path
     client = fs._client("ft")
     try:
         entry = client.stat("shard.bin")
-        with fs.open("ft/shard.bin") as f:  # not cached yet: blocks, and no copy
+        with fs.open("ft/shard.bin") as f:  # not cached yet: blocks
             assert not isinstance(f, io.BufferedReader)
             assert f.read() == data
-        with fs.open("ft/shard.bin") as f:  # complete now: copied in the background
-            assert not isinstance(f, io.BufferedReader)
-        _wait_for_file(client, entry)
         hits_before = client.source.hit_counts()
-        with fs.open("ft/shard.bin") as f:
+        with fs.open("ft/shard.bin") as f:  # complete now: the disk tier's file of the version
             assert isinstance(f, io.BufferedReader)
+            key = client.source.key(entry, 0)
+            assert os.path.samestat(os.fstat(f.fileno()), os.stat(client.source.store.block_file(str(key))))
             f.seek(3 * BS + 7)
             assert f.read(100) == data[3 * BS + 7:3 * BS + 107]
             f.seek(0)
             assert hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest()
         assert client.source.hit_counts() == hits_before  # no block read at all
-        directory, quota = layout.file_tier(plane.home, plane.get("CacheRuntime", "ft"))
-        assert quota == 64 << 20 and directory.endswith(os.path.join("cache", "default", "ft.files"))
-        assert oct(os.stat(directory).st_mode & 0o777) == "0o700"
-        with fs.open("ft/small.bin") as f:  # one block: never copied, nothing to gain
+        directory, _ = layout.file_tier(plane.home, plane.get("CacheRuntime", "ft"))
+        assert not os.path.exists(directory)  # no second copy of the version
+        assert oct(os.stat(client.source.store.block_file(str(key))).st_mode & 0o777) == "0o600"
+        with fs.open("ft/small.bin") as f:  # one block: read as a block, nothing to gain
             assert not isinstance(f, io.BufferedReader)
             f.read()
 
@@ -76,23 +66,55 @@ def test_a_complete_version_opens_as_a_plain_local_file(datacache_home, tmp_path
         with fs.open("ft/shard.bin") as f:
             assert not isinstance(f, io.BufferedReader)
             assert f.read() == new
-        fs.close()
-        plane.delete("Dataset", "ft")
-        assert not os.path.exists(directory)  # its versions go with the dataset
     finally:
         fs.close()
         plane.close()
 
 
-def test_quota_zero_turns_the_file_tier_off(datacache_home, tmp_path):
+def test_quota_zero_of_the_file_tier_leaves_the_disk_tiers_files_in_use(datacache_home, tmp_path):
     plane, _, data = _dataset(datacache_home, tmp_path, {"quota": 0})
     client = plane.open_dataset("ft")
     try:
         assert client.files is None
+        entry = client.stat("shard.bin")
+        assert client.local_file(entry) is None  # not cached yet
         warmup(client, ["shard.bin"])
-        assert client.local_file(client.stat("shard.bin")) is None
+        with open(client.local_file(entry), "rb") as f:
+            assert hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest()
         with client.open("shard.bin") as f:
             assert f.read() == data
     finally:
         client.close()
+        plane.close()
+
+
+def test_a_plain_file_open_keeps_its_bytes_while_the_cache_evicts_it(datacache_home, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(5 * BS + 123)
+    (src / "shard.bin").write_bytes(data)
+    others = [f"other{i}.bin" for i in range(8)]
+    for name in others:  # 8 x 10 blocks through a 64-block quota: the shard's file goes
+        (src / name).write_bytes(os.urandom(10 * BS))
+    levels = [{"mediumtype": "SSD", "path": "cache", "quota": "4Mi", "high": 0.95, "low": 0.5}]
+    plane = apply_dataset(datacache_home, "ev", [{"name": "local", "mountPoint": str(src)}], levels, block_size="64Ki")
+    fs = fsspec.filesystem("datacache", home=str(plane.home), skip_instance_cache=True)
+    client = fs._client("ev")
+    try:
+        entry = client.stat("shard.bin")
+        assert warmup(client, ["shard.bin"]).ok
+        with fs.open("ev/shard.bin") as f:
+            assert isinstance(f, io.BufferedReader)  # the disk tier's cache file, handed out whole
+            path = client.source.store.block_file(str(client.source.key(entry, 0)))
+            head = f.read(100)
+            for name in others:
+                warmup(client, [name])
+            assert not os.path.exists(path) and client.cached_fraction(entry) == 0.0  # evicted: unlinked
+            assert os.fstat(f.fileno()).st_nlink == 0
+            rest = f.read()
+        assert hashlib.sha256(head + rest).digest() == hashlib.sha256(data).digest()
+        used, capacity = client.usage()
+        assert capacity == 4 << 20 and used <= capacity
+    finally:
+        fs.close()
         plane.close()

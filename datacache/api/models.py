@@ -515,13 +515,14 @@ class Level(_Model):
 
 
 class FileTierSpec(_Model):
-    """``tieredstore.fileTier``: complete file versions of more than one block kept on this node as
-    one contiguous local file each (``datacache.cache.filetier``), which FUSE passthrough and
-    ``datacache://`` hand out as plain files, so reads run at the local disk's speed. ``quota``:
-    bytes (``0`` turns it off; default: the first disk level's quota); ``path``: its directory
-    (default: beside the first disk level's, ``<level path>/<ns>/<name>.files``); watermarks as
-    for a level. Until one layout serves both, a file here is also held as blocks (up to twice
-    its size on disk)."""
+    """``tieredstore.fileTier``: for runtimes with cache workers (their blocks spread over them),
+    copies of complete file versions of more than one block kept on this node as one contiguous
+    local file each (``datacache.cache.filetier``), which FUSE passthrough and ``datacache://``
+    hand out as plain files. With the in-process cache it is accepted and unused: the disk level
+    keeps one cache file per version and hands that out, with no copy. ``quota``: bytes (``0``
+    turns it off; default: the first disk level's quota); ``path``: its directory (default:
+    beside the first disk level's, ``<level path>/<ns>/<name>.files``); watermarks as for a
+    level."""
 
     path: str | None = None
     quota: FileTierQuota | None = None

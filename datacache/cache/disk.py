@@ -1,38 +1,64 @@
-"""SSD/HDD tier: block files under one cache directory, indexed by diskcache.
+"""SSD/HDD tier: one sparse cache file per file version under one cache directory, indexed in SQLite.
 
-Layout and safety:
-- diskcache keeps the index (key, size, access time, checksum as its ``tag``) in SQLite and each
-  block in its own file; directories are created 0700 and block files 0600, so a second local user
-  cannot read cached data (case C10).
-- The quota counts what is on disk under the directory (block files, the SQLite database and its
-  WAL). A put takes an exclusive lock (a thread lock plus ``flock`` for other processes sharing the
-  directory), evicts least recently used blocks from the high to the low watermark when the new
-  block would pass the high mark, then writes. So the quota holds while many fills run at once
-  (cases C1, C2), across processes, with at most the block being written in flight.
-- Every block is verified against its xxh3 checksum when read; a corrupt block is dropped and
-  reported as a miss, so the caller refetches it and never returns wrong bytes.
-- A hit writes nothing to the index (a write transaction per read cost more than the read and
-  serialised reader processes on SQLite's write lock): its access time is kept in memory and
-  written with the others once per ``ACCESS_FLUSH_S`` seconds and before every eviction, so LRU
-  order holds in this process and is at most that late across processes.
-- A process killed while storing a block leaves a file with no index row; such files, once older
-  than ``ORPHAN_GRACE_S``, are deleted by a sweep when a tier opens the directory (one sweep per
-  directory per ``ORPHAN_GRACE_S``, whichever process opens it first). An index with no rows
-  (new, or emptied under us) names no file: every block file then found is deleted at open, whatever
-  its age, so the quota counts all that is there.
-- An index row whose block file is gone or shorter than indexed (deleted or truncated behind the
-  cache's back) is dropped when found: by a read, by a presence check (``in``: one ``stat``,
-  what warmup skips by) and by :meth:`DiskTier.present_keys` (what status counts); so status and
-  warmup follow what is on disk, not the index (issue 18, as JuiceFS #6513 and Fluid #633).
-  :meth:`DiskTier.verify` also reads the block and checks its checksum (``warmup --check``).
-- A damaged index (SQLite "file is not a database", "database disk image is malformed"), found at
-  open or by a later read or write, is deleted with a warning naming the directory, with the block
-  files it indexed (unverifiable without their checksums); the tier starts again empty.
+Layout (issue 17 item 4):
+- ``files/<token>``: the cache file of one file version (the ``dataset/file_id`` part of its
+  block keys, :class:`~datacache.cache.blocks.BlockKey`), named by a random token given when its
+  first block is stored, never by a user path. Block ``i`` sits at ``i * stride`` (``stride``: the
+  tier's block size, fixed per file when the file is made), written with ``pwrite``; blocks not
+  stored are holes, so a file filling in any order takes only the space of its blocks. A version
+  whose blocks are all stored is one contiguous file with the bytes of the whole version: FUSE
+  passes it through to the kernel and ``datacache://`` opens it as a plain file
+  (:meth:`DiskTier.open_whole`), with no second copy.
+- ``index.db``: SQLite (WAL), one row per file (token, stride, ``exposed``: handed out whole) and
+  one row per block (size, xxh3-64 checksum, last access). Rows per block, not a bitmap per file:
+  eviction is least recently used per block (a file larger than the quota, case C1, keeps its
+  recent blocks), a store is one INSERT (a bitmap would be read, edited and rewritten under the
+  lock), and status sums sizes in SQL. A ``totals`` row kept by triggers holds the bytes stored, so
+  a put needs no sum over the index.
+- Directories 0700, files 0600: a second local user can read no cached data (case C10).
+
+Quota and watermarks (cases C1, C2): the quota counts the blocks' bytes plus the index and its WAL.
+A put takes an exclusive lock (a thread lock plus ``flock`` on ``.lock`` for other processes
+sharing the directory), evicts from the high to the low watermark when the new block would pass the
+high mark, then writes; so the quota holds while many fills run at once, across processes, with at
+most the block being written in flight. :meth:`DiskTier._eviction_order` is the one place that
+ranks what goes first (least recently used block).
+
+Eviction never changes bytes under a reader of a whole file: a file once handed out whole
+(``exposed``) is evicted whole, by ``unlink``; a reader holding it open (a passthrough backing file,
+an ``mmap``) keeps reading its complete bytes and the device frees them at its last close. Inside a
+file never handed out, single blocks are evicted by punching a hole (``fallocate`` PUNCH_HOLE); a
+block reader racing with that reads zeros, which its checksum rejects (a miss, never wrong bytes).
+Where the file system cannot punch holes, the whole file goes.
+
+Integrity: every block read through :meth:`DiskTier.get` is checked against its xxh3-64; a corrupt
+block is dropped and reported as a miss, so the caller refetches it. A whole file is checked block
+by block the first time this process hands it out (:meth:`DiskTier.open_whole`) and by
+:meth:`DiskTier.verify` (``datacache warmup --check``); reads through a handed-out file (kernel
+passthrough, a plain file object) are not checked again (JuiceFS's ``--verify-cache-checksum``
+makes the same trade-off).
+
+Access times: a hit writes nothing to the index (a write transaction per read cost more than the
+read): uses are kept in memory and written once per ``ACCESS_FLUSH_S`` seconds and before every
+eviction.
+
+Crashes and damage:
+- A block's bytes are written before its row. A process killed in between leaves bytes no row
+  names: in a new file, a file with no row, deleted by a sweep when a tier opens the directory once
+  older than ``ORPHAN_GRACE_S`` (one sweep per directory per ``ORPHAN_GRACE_S``); in an existing
+  file, at most one block's bytes per crash, freed with that file. An index with no rows (new, or
+  emptied under us) names no file: every cache file then found is deleted at open, whatever its
+  age, so the quota counts all that is there. The previous layout (diskcache's ``cache.db`` and one
+  ``.val`` file per block) is deleted when found.
+- A block whose file is gone or shorter than the block's end (deleted or truncated behind the
+  cache's back) is dropped when found: by a read, by a presence check (``in``: one ``stat``, what
+  warmup skips by) and by :meth:`DiskTier.present_keys` (what status counts) (issue 18).
+- A damaged index ("file is not a database", "database disk image is malformed") is deleted with a
+  warning naming the directory, with the files it indexed; the tier starts again empty.
 - A failing device never fails a read. A device that fills before the quota (ENOSPC, SQLite "disk
   is full") evicts to the low watermark and tries once more, else skips caching that block; any
-  other write or index error (read-only or vanished directory, EIO) marks the tier unhealthy: it
-  then caches nothing and reports misses, so blocks come from the UFS, and is tried again after
-  ``RECHECK_S`` seconds. A directory that cannot be opened at start-up (read-only, not ours)
+  other write or index error marks the tier unhealthy: it then caches nothing and reports misses,
+  and is tried again after ``RECHECK_S`` seconds. A directory that cannot be opened at start-up
   starts the tier unhealthy the same way, with a warning naming the directory and the fix.
 """
 
@@ -42,96 +68,63 @@ import contextlib
 import errno
 import fcntl
 import functools
-import io
 import logging
 import os
 import sqlite3
 import threading
 import time
-
-import diskcache
-import xxhash
+import uuid
 
 from datacache import private
 from datacache.cache.blocks import PIECE, PieceBlock, checksum
+from datacache.cache.extents import punch_hole, read_pieces, read_range, will_need, write_range
 
 log = logging.getLogger(__name__)
 RECHECK_S = 30.0  # seconds an unhealthy tier is left alone before a write is tried again
-ORPHAN_GRACE_S = 600.0  # an unindexed block file older than this is a crash's leftover
+ORPHAN_GRACE_S = 600.0  # an unindexed cache file older than this is a crash's leftover
 ACCESS_FLUSH_S = 1.0  # seconds between two writes of the blocks' access times to the index
-ROWS_KEPT = 16384  # index rows of recent hits kept in memory (~3 MiB): a hit without a SELECT
-_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # diskcache's SQLite index and its WAL
-_SELECT_BLOCK = "SELECT filename, tag, size FROM Cache WHERE key = ? AND raw = 1 AND filename IS NOT NULL"
+ROWS_KEPT = 16384  # index rows of recent hits kept in memory: a hit without a SELECT
+BLOCK_SIZE = 4 << 20  # default block size (bytes): the stride of a file's blocks
+FILES = "files"  # subdirectory of the cache files
+INDEX = "index.db"  # the index of a cache directory: where it is, a disk tier has used the directory
+_INDEX_FILES = (INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal")
+_OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the block-file layout's diskcache index
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS files (file TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, "
+    "stride INTEGER NOT NULL, exposed INTEGER NOT NULL DEFAULT 0)",
+    "CREATE TABLE IF NOT EXISTS blocks (file TEXT NOT NULL, idx INTEGER NOT NULL, size INTEGER NOT NULL, "
+    "digest TEXT NOT NULL, atime REAL NOT NULL, PRIMARY KEY (file, idx)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS blocks_atime ON blocks (atime)",
+    "CREATE TABLE IF NOT EXISTS totals (bytes INTEGER NOT NULL)",
+    "INSERT INTO totals SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM totals)",
+    "CREATE TRIGGER IF NOT EXISTS blocks_in AFTER INSERT ON blocks BEGIN "
+    "UPDATE totals SET bytes = bytes + NEW.size; END",
+    "CREATE TRIGGER IF NOT EXISTS blocks_out AFTER DELETE ON blocks BEGIN "
+    "UPDATE totals SET bytes = bytes - OLD.size; END",
+)
+_KEY = "(CASE WHEN idx < 0 THEN file ELSE file || '/' || idx END)"  # join_key() in SQL
+_SELECT_BLOCK = ("SELECT f.name, f.stride, b.size, b.digest FROM blocks b JOIN files f ON f.file = b.file "
+                 "WHERE b.file = ? AND b.idx = ?")
 
 
-def _read_block(path: str, size: int) -> bytes:
-    """The bytes of the file at ``path``, expected to be ``size`` long (its index row says so):
-    ``os.open`` + one ``os.read`` of ``size + 1`` bytes, where a Python file object adds two
-    ``fstat``, an ``lseek`` and a read at EOF (a 100 KB block: 33 µs against 41 µs). A file
-    shorter or longer than ``size`` comes back so (up to one byte more), and the caller's checksum
-    then finds it corrupt. Raises ``OSError`` (``FileNotFoundError`` when the file is gone)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = os.read(fd, size + 1)
-        while len(data) < size:  # a short read of a regular file: a signal, or EOF (truncated)
-            more = os.read(fd, size + 1 - len(data))
-            if not more:
-                break
-            data += more
-        return data
-    finally:
-        os.close(fd)
+def split_key(key: str) -> tuple[str, int]:
+    """``(file, index)`` of a block key ``<file>/<index>`` (``str(BlockKey)``: the file is
+    ``dataset/file_id``); a key not ending in a block index is a file of one block, ``(key, -1)``
+    (stored at offset 0; :func:`join_key` gives the key back)."""
+    file, _, index = key.rpartition("/")
+    if not file or not index.isdigit():
+        return key, -1
+    return file, int(index)
 
 
-@functools.cache
-def _prime_malloc() -> None:
-    """Free one 16 MiB buffer, once per process. glibc's malloc raises its mmap threshold to the
-    largest mmap-backed chunk freed (up to 32 MiB) and its trim threshold to twice that (mallopt(3),
-    M_MMAP_THRESHOLD: the dynamic threshold); with the default 128 KiB it handed every freed 4 MiB
-    block back to the kernel, and the next block read faulted in 1,024 zeroed pages (warm reads of a
-    512 MiB file through ``datacache://``: 4.6 GB/s before, 7.6 GB/s after). The cost: up to 32 MiB
-    of freed memory kept per malloc arena. Other C libraries: a harmless allocation."""
-    bytearray(16 << 20)
+def join_key(file: str, index: int) -> str:
+    """The block key of block ``index`` of ``file`` (inverse of :func:`split_key`)."""
+    return file if index < 0 else f"{file}/{index}"
 
 
-def _read_pieces(path: str, size: int) -> tuple[PieceBlock, str]:
-    """As :func:`_read_block`, in :data:`PIECE`-byte reads for a reader: ``(the block, the xxh3-64
-    hex digest of every byte read)``, each piece hashed while it is still in the CPU's cache (one
-    hash of a 4 MiB block read in one go runs from memory, ~3x the cost). A file longer than
-    ``size`` adds one byte to the digest, a shorter one lacks some: either way it differs."""
-    _prime_malloc()
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        digest = xxhash.xxh3_64()  # streaming xxh3 equals the one-shot checksum() of the whole
-        pieces = []
-        got = 0
-        while got < size:
-            want = min(PIECE, size - got)
-            piece = os.read(fd, want)
-            while 0 < len(piece) < want:  # a signal, or EOF (truncated)
-                more = os.read(fd, want - len(piece))
-                if not more:
-                    break
-                piece += more
-            digest.update(piece)
-            pieces.append(piece)
-            got += len(piece)
-            if len(piece) < want:
-                break
-        digest.update(os.read(fd, 1))
-        return PieceBlock(tuple(pieces)), digest.hexdigest()
-    finally:
-        os.close(fd)
-
-
-def _will_need(row: tuple[str, str, int]) -> bool:
-    """Start the kernel's read-ahead of a block file (the path in ``row``), without waiting."""
-    fd = os.open(row[0], os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    finally:
-        os.close(fd)
-    return True
+def holds_cache(directory: str) -> bool:
+    """Whether ``directory`` is a disk tier's cache directory (its index is there)."""
+    return os.path.exists(os.path.join(directory, INDEX))
 
 
 @contextlib.contextmanager
@@ -149,24 +142,34 @@ def _hex_dirs(path: str) -> list[str]:
         with os.scandir(path) as entries:
             return [e.path for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)
                     and all(c in "0123456789abcdef" for c in e.name)]
-    except FileNotFoundError:  # removed meanwhile (diskcache deletes emptied subdirectories)
+    except FileNotFoundError:
         return []
 
 
-def _block_files(path: str):
-    """Paths of the block files of the cache directory ``path``: diskcache names them
-    ``<2 hex>/<2 hex>/<hex>.val`` (``diskcache.Disk.filename``). Only that layout is walked: the
-    workers' own tiers are directories below the in-process one, and their blocks are theirs."""
+def _drop_old_layout(path: str) -> int:
+    """Delete the block-file layout's index and block files (``<2 hex>/<2 hex>/<hex>.val``, as
+    diskcache named them) from the cache directory ``path``; returns how many block files. Only
+    that layout is walked: the workers' own tiers are directories below, and theirs."""
+    if not os.path.exists(os.path.join(path, _OLD_INDEX_FILES[0])):
+        return 0
+    removed = 0
     for top in _hex_dirs(path):
         for sub in _hex_dirs(top):
             with contextlib.suppress(FileNotFoundError), os.scandir(sub) as entries:
-                yield from (e.path for e in entries if e.name.endswith(".val"))
-
-
-def _close(peek: diskcache.Cache, cache: diskcache.Cache, lock_fd: int) -> None:
-    peek.close()
-    cache.close()
-    os.close(lock_fd)
+                for e in entries:
+                    if e.name.endswith(".val"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(e.path)
+                            removed += 1
+            with contextlib.suppress(OSError):
+                os.rmdir(sub)
+        with contextlib.suppress(OSError):
+            os.rmdir(top)
+    for name in _OLD_INDEX_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, name))
+    log.info("cache tier %s: deleted %d block files of the previous layout (one file per block)", path, removed)
+    return removed
 
 
 def _is_damaged(err: BaseException) -> bool:
@@ -182,55 +185,35 @@ def _is_full(err: BaseException) -> bool:
     return "full" in str(err)
 
 
-class _PrivateDisk(diskcache.Disk):
-    """diskcache storage that creates directories 0700 and files 0600."""
-
-    def _write(self, full_path, iterator, mode, encoding=None):
-        directory = os.path.dirname(full_path)
-        if not os.path.isdir(directory):
-            private.makedirs(directory)
-        fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, private.FILE_MODE)
-        try:
-            with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
-                if isinstance(iterator, io.BytesIO):  # one write: iterating a BytesIO yields "lines"
-                    # getvalue() hands back the bytes the BytesIO was made from; getbuffer() would
-                    # first copy them (a 4 MiB copy per block stored).
-                    return writer.write(iterator.getvalue())
-                size = 0
-                for chunk in iterator:
-                    size += len(chunk)
-                    writer.write(chunk)
-                return size
-        except BaseException:
-            # A half-written file (disk full, kill) is not in the index: nothing would ever count
-            # or delete it, so it would eat the disk outside the quota.
-            with contextlib.suppress(OSError):
-                os.unlink(full_path)
-            raise
-
-
 class DiskTier:
-    """Block files under ``path`` bounded by ``quota`` bytes with ``high``/``low`` watermarks.
+    """Blocks under ``path`` bounded by ``quota`` bytes with ``high``/``low`` watermarks (fractions
+    of the quota), one cache file per file version (see the module docstring).
 
-    ``medium`` is "SSD" or "HDD" (only reported). Never raises for an unusable directory: the
-    tier then starts unhealthy (see :meth:`_open`). Counters (this process only): ``evictions``, ``corrupt`` (blocks dropped for a bad
-    checksum), ``full_bypasses`` (writes that met a full device), ``write_errors``; ``healthy``
-    is False after a device error (see the module docstring); ``lost``: index rows dropped because their
-    block file was gone or short.
+    ``medium`` is "SSD" or "HDD" (only reported); ``block_size``: bytes between two blocks' offsets
+    in a file made from now on (a block longer than its file's stride is not kept). Never raises
+    for an unusable directory: the tier then starts unhealthy (see :meth:`_open`). Counters (this
+    process only): ``evictions`` (blocks), ``corrupt`` (blocks dropped for a bad checksum),
+    ``full_bypasses`` (writes that met a full device), ``write_errors``, ``lost`` (blocks dropped
+    because their file was gone or short), ``orphans_removed`` (unindexed cache files deleted);
+    ``healthy`` is False after a device error.
     """
 
-    def __init__(self, path: str, quota: int, high: float = 0.95, low: float = 0.7, medium: str = "SSD"):
+    def __init__(self, path: str, quota: int, high: float = 0.95, low: float = 0.7, medium: str = "SSD",
+                 block_size: int = BLOCK_SIZE):
         self.path = os.path.abspath(path)
+        self.files = os.path.join(self.path, FILES)
         self.medium = medium
         self.quota = quota
+        self.block_size = block_size
         self._high = int(quota * high)
         self._low = int(quota * low)
-        self._lock = threading.Lock()
-        self._cache = self._peek = None  # diskcache handles; None while the directory is unusable
-        self._rows: dict[str, tuple[str, str, int]] = {}  # key -> :meth:`_row` of a recent hit
+        self._lock = threading.RLock()  # orders this process's index writes (one connection)
+        self._db = self._ro = None  # index connections (writes; per-thread lookups); None while unusable
+        self._rows: dict[str, tuple[str, int, int, str]] = {}  # key -> :meth:`_row` of a recent hit
+        self._checked: set[str] = set()  # cache files this instance checked whole (open_whole)
         self.evictions = 0
         self.corrupt = 0
-        self.lost = 0  # index rows dropped because their block file was gone or short
+        self.lost = 0
         self.orphans_removed = 0
         self.full_bypasses = 0
         self.write_errors = 0
@@ -241,38 +224,33 @@ class DiskTier:
         self._accessed_lock = threading.Lock()
         self._flushed = time.monotonic()
         self.sweeper: threading.Thread | None = None  # this open's orphan sweep; None: none was due
-        # Eviction order: callable((key, size) rows in LRU order) -> rows in eviction order; None: LRU
-        # (a plan sets its next-use ranking, datacache.plan.nextuse).
+        # Eviction order: callable(rows ``(file, index, size, exposed)`` in LRU order) -> the rows in
+        # eviction order; None: LRU (a plan sets its next-use ranking, datacache.plan.nextuse).
         self.rank_victims = None
         self._open()
+
+    # -- opening -----------------------------------------------------------------------------------
 
     def _open(self) -> bool:
         """Open (creating it if needed) the directory and its index; True on success. A directory
         that cannot be used (read-only, not ours, on a failed device) leaves the tier unhealthy
-        with a warning naming the directory and the fix: the dataset still opens and reads come
-        from the UFS (a cache that cannot cache is slower, never an error). A damaged index is
-        replaced by an empty one (see :meth:`_open_index`)."""
+        with a warning naming the directory and the fix: reads then come from the UFS. A damaged
+        index is replaced by an empty one (see :meth:`_open_index`)."""
         try:
-            private.makedirs(self.path)
-            lock_fd = os.open(private.touch(os.path.join(self.path, ".lock")), os.O_RDWR)
+            private.makedirs(self.files)
+            lock_fd = os.open(private.touch(os.path.join(self.path, ".lock")), os.O_RDWR | os.O_CLOEXEC)
         except OSError as err:
             return self._cannot_open(err)
         try:
             with _flocked(lock_fd):
-                cache = self._open_index()
+                db = self._open_index()
+                ro = _Readers(os.path.join(self.path, INDEX))
         except (OSError, sqlite3.Error) as err:
             os.close(lock_fd)
             return self._cannot_open(err)
-        # A second handle whose reads do not update access times, for lookups that are not uses
-        # of the block (read-ahead hints, short-circuit paths): only get() counts as a use.
-        self._peek = diskcache.Cache(self.path, disk=_PrivateDisk)
-        self._peek.reset("eviction_policy", "least-recently-stored", update=False)
-        for name in _INDEX_FILES:
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(os.path.join(self.path, name), private.FILE_MODE)
-        self._lock_fd, self._cache = lock_fd, cache
+        self._lock_fd, self._db, self._ro = lock_fd, db, ro
         if self._sweep_due():
-            known = {f for (f,) in cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL")}
+            known = {name for (name,) in db.execute("SELECT name FROM files")}
             self.sweeper = threading.Thread(target=self._sweep_orphans, args=(known,), daemon=True,
                                             name="datacache-orphan-sweep")
             self.sweeper.start()
@@ -282,52 +260,57 @@ class DiskTier:
         self._damaged = False
         return True
 
-    def _open_index(self) -> diskcache.Cache:
-        """The directory's index, opened with the directory's lock held (so no put of any process
-        is between writing a block file and its row). Raises ``OSError``/``sqlite3.Error`` when
-        the directory cannot be used.
+    def _open_index(self) -> sqlite3.Connection:
+        """The directory's index, opened with the directory's lock held (no put of any process is
+        between writing a block and its row). Raises ``OSError``/``sqlite3.Error`` when the
+        directory cannot be used.
 
-        A damaged index ("file is not a database", "database disk image is malformed") is
-        deleted with a warning and a new one made: a tier that would refuse every open until
-        someone deletes a file by hand sends all reads to the UFS for good. An index with no
-        rows (new, damaged, or emptied under us) names no block file, so every block file then
-        in the directory is an orphan and is deleted whatever its age (those of a damaged index
-        cannot be verified without their checksums anyway), else they would sit outside the
-        quota until the grace-period sweep. Deleting them is safe against another process: its
-        put writes the file and then the row under the same lock, so none is half done here; and
-        a row whose file is gone is a miss (see :meth:`get`), never wrong bytes."""
-        cache = None
+        A damaged index is deleted with a warning and a new one made: a tier that refused every
+        open until someone deletes a file by hand would send all reads to the UFS for good. An
+        index with no rows (new, damaged, or emptied under us) names no cache file, so every cache
+        file then found is an orphan and is deleted whatever its age (those of a damaged index
+        cannot be verified without their checksums anyway)."""
+        _drop_old_layout(self.path)
+        db = None
         try:
-            cache = self._connect()
-            empty = cache._sql("SELECT 1 FROM Cache LIMIT 1").fetchone() is None
+            db = self._connect()
+            empty = _first(db.execute("SELECT 1 FROM files LIMIT 1")) is None
         except sqlite3.DatabaseError as err:
             if not _is_damaged(err):
                 raise
-            if cache is not None:  # opened, damaged further in
-                cache.close()
+            if db is not None:
+                db.close()
             for name in _INDEX_FILES:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.path, name))
-            log.warning("cache tier %s (%s): its index %s was damaged (%s): deleted with the block files it "
+            log.warning("cache tier %s (%s): its index %s was damaged (%s): deleted with the cache files it "
                         "indexed (they cannot be verified without it); the tier starts empty", self.path,
-                        self.medium, os.path.join(self.path, "cache.db"), err)
-            cache, empty = self._connect(), True
+                        self.medium, os.path.join(self.path, INDEX), err)
+            db, empty = self._connect(), True
         if empty:
-            self.orphans_removed += self._delete_block_files(set(), cutoff=None)
-        return cache
+            self.orphans_removed += self._delete_cache_files(set(), cutoff=None)
+        return db
 
-    def _connect(self) -> diskcache.Cache:
-        return diskcache.Cache(
-            self.path,
-            disk=_PrivateDisk,
-            eviction_policy="least-recently-used",
-            size_limit=2**62,  # culling is ours (watermarks), never diskcache's own
-            cull_limit=0,
-            disk_min_file_size=0,
+    def _connect(self) -> sqlite3.Connection:
+        """A connection to the index, created if missing (0600). Raises ``sqlite3.DatabaseError``
+        when it is damaged, ``sqlite3.OperationalError``/``OSError`` when it cannot be used."""
+        db = sqlite3.connect(os.path.join(self.path, INDEX), timeout=60, isolation_level=None,
+                             check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # a cache refills from its source: no fsync per put
             # Keep the write-ahead log small: it counts against the quota too.
-            sqlite_wal_autocheckpoint=256,
-            sqlite_journal_size_limit=1 << 20,
-        )
+            db.execute("PRAGMA wal_autocheckpoint=256")
+            db.execute("PRAGMA journal_size_limit=1048576")
+            for statement in _SCHEMA:
+                db.execute(statement)
+            for name in _INDEX_FILES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(os.path.join(self.path, name), private.FILE_MODE)
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def _cannot_open(self, err: BaseException) -> bool:
         if self.healthy:
@@ -345,22 +328,34 @@ class DiskTier:
         with self._lock, _flocked(self._lock_fd):
             yield
 
+    # -- counting ----------------------------------------------------------------------------------
+
     def used(self) -> int:
-        """Bytes on disk under the directory: blocks, index database and its write-ahead log."""
-        if self._cache is None:
+        """Bytes counted against the quota: the stored blocks, the index database and its WAL."""
+        if self._ro is None:
             return 0
-        wal = os.path.join(self.path, "cache.db-wal")
-        try:
-            wal_size = os.path.getsize(wal)
-        except FileNotFoundError:
-            wal_size = 0
-        return self._cache.volume() + wal_size
+        (stored,) = _first(self._ro.execute("SELECT bytes FROM totals"))
+        index = 0
+        for name in _INDEX_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                index += os.stat(os.path.join(self.path, name)).st_size
+        return stored + index
+
+    def _row(self, key: str) -> tuple[str, int, int, str] | None:
+        """``(path of the cache file, the block's offset in it, its size in bytes, its xxh3
+        checksum)`` from the index, or None when absent: one indexed SELECT, no transaction."""
+        file, index = split_key(key)
+        row = _first(self._ro.execute(_SELECT_BLOCK, (file, index)))
+        if row is None:
+            return None
+        name, stride, size, digest = row
+        return os.path.join(self.files, name), max(index, 0) * stride, size, digest
 
     def __contains__(self, key: str) -> bool:
-        """Whether the block is stored: its index row names a file of the row's size (one
-        ``stat``; the checksum is not read, see :meth:`verify`). A row whose file is gone or
+        """Whether the block is stored: its index row names a file reaching the block's end (one
+        ``stat``; the checksum is not read, see :meth:`verify`). A block whose file is gone or
         short (deleted or truncated behind the cache's back) is dropped."""
-        if self._peek is None:
+        if self._ro is None:
             return False
         try:
             row = self._row(key)
@@ -369,59 +364,78 @@ class DiskTier:
             return False
         return row is not None and self._file_whole(key, row)
 
-    def verify(self, key: str) -> bool:
-        """Whether the block is stored and its bytes pass their checksum (the whole file is read;
-        ``datacache warmup --check``); a block that fails is dropped (see :meth:`get`)."""
-        return self.get(key) is not None
-
-    def present_keys(self):
-        """Iterate over the keys of the blocks whose files are there at their indexed size: one
-        ``stat`` per block (what status counts, cases C13/C14), rows streamed from the index. Rows
-        whose file is gone or short are dropped."""
-        if self._peek is None:
-            return
-        rows = self._peek._con.execute("SELECT key, filename, size FROM Cache WHERE raw = 1 AND filename IS NOT NULL")
-        lost_before = self.lost
-        for key, name, size in rows:
-            if isinstance(key, str) and self._file_whole(key, (os.path.join(self.path, name), "", size)):
-                yield key
-        if self.lost > lost_before:
-            log.warning("cache tier %s: %d block files were missing or short on disk (deleted or truncated "
-                        "outside datacache): dropped from the index", self.path, self.lost - lost_before)
-
-    def _file_whole(self, key: str, row: tuple[str, str, int]) -> bool:
-        """Whether the block file of ``row`` (a :meth:`_row`) has its indexed size; if not, the
-        row is dropped (only that row: a new copy stored meanwhile under ``key`` stays)."""
+    def _file_whole(self, key: str, row: tuple[str, int, int, str]) -> bool:
+        """Whether the cache file of ``row`` (a :meth:`_row`) reaches the block's end; if not,
+        the block is dropped (when its row still names that file)."""
         try:
-            if os.stat(row[0]).st_size == row[2]:
+            if os.stat(row[0]).st_size >= row[1] + row[2]:
                 return True
         except FileNotFoundError:
             pass
         except OSError as err:  # a failing device: a miss, the UFS serves the block
             self._mark_unhealthy(err)
             return False
-        self._drop_row(key, row[0])
+        self._drop(key, row[0], lost=True)
         return False
 
-    def _drop_row(self, key: str, path: str) -> None:
-        """Delete the index row of ``key`` if it still names the file ``path``, then the file."""
-        self._rows.pop(key, None)
-        if not self._usable():
+    def present_keys(self):
+        """Iterate over the keys of the blocks whose files reach their end: one ``stat`` per cache
+        file (what status counts, cases C13/C14). Blocks whose file is gone or short are dropped."""
+        if self._ro is None:
             return
-        with self._exclusive():
-            try:
-                self._cache._con.execute("DELETE FROM Cache WHERE key = ? AND raw = 1 AND filename = ?",
-                                         (key, os.path.relpath(path, self.path)))
-            except sqlite3.Error as err:
-                self._mark_unhealthy(err)
-                return
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        self.lost += 1
+        rows = self._scan("SELECT b.file, b.idx, b.size, f.name, f.stride FROM blocks b "
+                          "JOIN files f ON f.file = b.file ORDER BY b.file")
+        sizes: dict[str, int] = {}
+        lost_before = self.lost
+        for file, index, size, name, stride in rows:
+            path = os.path.join(self.files, name)
+            if path not in sizes:
+                sizes.clear()  # rows come ordered by file: one stat per cache file
+                try:
+                    sizes[path] = os.stat(path).st_size
+                except FileNotFoundError:
+                    sizes[path] = -1
+            key = join_key(file, index)
+            if sizes[path] >= max(index, 0) * stride + size:
+                yield key
+            else:
+                self._drop(key, path, lost=True)
+        if self.lost > lost_before:
+            log.warning("cache tier %s: %d blocks were missing or short on disk (cache files deleted or "
+                        "truncated outside datacache): dropped from the index", self.path, self.lost - lost_before)
+
+    def keys(self):
+        """Iterate over stored block keys."""
+        if self._ro is None:
+            return iter(())
+        return (join_key(file, index) for file, index in self._scan("SELECT file, idx FROM blocks"))
+
+    def _scan(self, sql: str):
+        """Rows of ``sql`` streamed in batches over a connection of their own: a statement left
+        open on the shared one would hold its read snapshot for every thread using it."""
+        con = sqlite3.connect(os.path.join(self.path, INDEX), timeout=60, isolation_level=None)
+        try:
+            cursor = con.execute(sql)
+            while batch := cursor.fetchmany(1024):
+                yield from batch
+        finally:
+            con.close()
+
+    def prefix_bytes(self, prefix: str) -> int:
+        """Bytes of the stored blocks whose keys start with ``prefix`` (e.g. one dataset's
+        ``name/``): one SQL sum, no row read into Python."""
+        if self._ro is None or not prefix:
+            return 0
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first key past every key with the prefix
+        ((total,),) = self._ro.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {_KEY} >= ? AND {_KEY} < ?",
+                                       (prefix, end)).fetchall()
+        return int(total)
+
+    # -- reading -----------------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        """The block's bytes, or None when absent or corrupt (a corrupt or truncated block is
-        deleted). Marks the block recently used (written by :meth:`flush_accesses`)."""
+        """The block's bytes, or None when absent or corrupt (a corrupt or lost block is dropped).
+        Marks the block recently used (written by :meth:`flush_accesses`)."""
         return self._get(key, pieces=False)
 
     def get_pieces(self, key: str) -> PieceBlock | bytes | None:
@@ -429,15 +443,15 @@ class DiskTier:
         bytes comes as a :class:`PieceBlock` (checksum verified piece by piece)."""
         return self._get(key, pieces=True)
 
-    def _get(self, key: str, pieces: bool) -> PieceBlock | bytes | None:
-        if self._cache is None:
+    def _get(self, key: str, pieces: bool, again: bool = True) -> PieceBlock | bytes | None:
+        if self._ro is None:
             return None
         try:
-            found = self._at_row(key, functools.partial(self._read_verified, pieces=pieces))
-        except FileNotFoundError:
-            # Evicted since the SELECT (its row is gone then), or the file was lost: drop the
-            # row, else the refill's put would find the key and never write the file again.
-            self._cache.delete(key)
+            found = self._at_row(key, functools.partial(_read_verified, pieces=pieces))
+        except FileNotFoundError as err:
+            # Evicted since the SELECT, or the file was lost: drop the block if its row still
+            # names that file, else the refill's put would find the row and never write again.
+            self._drop(key, err.filename, lost=False)
             return None
         except (OSError, sqlite3.Error) as err:  # a failing device is a miss: the UFS serves it
             self._mark_unhealthy(err)
@@ -445,31 +459,26 @@ class DiskTier:
         if found is None:
             return None
         row, (data, digest) = found
-        self._note_access(key)
-        if digest != row[1]:
+        if digest != row[3]:
             self._rows.pop(key, None)
+            fresh = self._row(key)
+            if fresh != row:  # evicted (a hole read as zeros) or stored anew meanwhile: not damage
+                return self._get(key, pieces, again=False) if again and fresh is not None else None
             self.corrupt += 1
             log.warning("cache tier %s: block %s failed its checksum: dropped, refetched", self.path, key)
-            self._cache.delete(key)
+            self._drop(key, row[0], lost=False)
             return None
+        self._note_access(key)
         return data
-
-    @staticmethod
-    def _read_verified(row: tuple[str, str, int], pieces: bool) -> tuple[PieceBlock | bytes, str]:
-        """``(the block file's bytes, their xxh3-64 hex digest)``; in pieces when asked for and
-        the block is longer than one."""
-        if pieces and row[2] > PIECE:
-            return _read_pieces(row[0], row[2])
-        data = _read_block(row[0], row[2])
-        return data, checksum(data)
 
     def _at_row(self, key: str, use):
         """``(row, use(row))`` for the block's :meth:`_row`, or None when the index has none.
 
-        The row is remembered once a use found its file, so the next needs no SELECT: block files
-        get a new unique name on every write, so a remembered row gone stale (evicted, rewritten,
-        by any process) names a file that no longer exists; it is forgotten and the index asked
-        again. ``FileNotFoundError`` from a row just read from the index propagates."""
+        The row is remembered once a use found its file, so the next needs no SELECT: a cache file
+        gets a new name whenever it is made anew, so a remembered row gone stale names a file that
+        no longer exists (``FileNotFoundError``: forgotten, the index asked again) or a hole (its
+        checksum fails: the caller asks the index again). ``FileNotFoundError`` from a row just
+        read from the index propagates."""
         remembered = self._rows.get(key)
         row = remembered or self._row(key)
         if row is None:
@@ -487,6 +496,97 @@ class DiskTier:
             self._rows[key] = row
         return row, result
 
+    def verify(self, key: str) -> bool:
+        """Whether the block is stored and its bytes pass their checksum (the block is read;
+        ``datacache warmup --check``); a block that fails is dropped (see :meth:`get`)."""
+        return self.get(key) is not None
+
+    def block_file(self, key: str) -> str | None:
+        """Path of the cache file holding the block, or None. The file may be evicted right after:
+        callers opening it handle ``FileNotFoundError``."""
+        extent = self.block_extent(key)
+        return extent[0] if extent is not None else None
+
+    def block_extent(self, key: str) -> tuple[str, int, int, str] | None:
+        """``(path of the cache file, offset, size in bytes, xxh3 checksum)`` of a stored block (for
+        short-circuit reads and ``sendfile``), or None."""
+        if self._ro is None:
+            return None
+        return self._rows.get(key) or self._row(key)
+
+    def advise(self, key: str) -> bool:
+        """True when the block is stored; its range is then read ahead asynchronously by the kernel
+        (``posix_fadvise(WILLNEED)``), so the coming ``get`` finds it in the page cache."""
+        if self._ro is None:
+            return False
+        try:
+            return self._at_row(key, lambda row: will_need(row[0], row[1], row[2])) is not None
+        except FileNotFoundError:  # evicted meanwhile: a miss after all
+            return False
+
+    def open_whole(self, file: str, size: int, blocks: int) -> int | None:
+        """A read-only descriptor of the cache file of ``file`` (``dataset/file_id``) when all its
+        ``blocks`` blocks are stored and hold ``size`` bytes in all, else None. The caller owns and
+        closes it; the file is then one contiguous copy of the whole version.
+
+        The first time this instance hands a file out, every block of it is read and checked
+        against its checksum (a failing one is dropped, and the answer is None: the caller reads
+        through the blocks, which refetch it). The file is marked handed out (``exposed``) in the
+        index: from then on it is only ever evicted whole, by ``unlink``, so what a reader holding
+        the descriptor reads never changes. Marks its blocks recently used."""
+        if self._ro is None or blocks <= 0:
+            return None
+        row = _first(self._ro.execute("SELECT f.name, f.exposed, COUNT(b.idx), COALESCE(SUM(b.size), 0) FROM files f "
+                               "LEFT JOIN blocks b ON b.file = f.file WHERE f.file = ? GROUP BY f.file",
+                               (file,)))
+        if row is None or row[2] != blocks or row[3] != size:
+            return None
+        name, exposed = row[0], row[1]
+        path = os.path.join(self.files, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # evicted since the SELECT
+            return None
+        try:
+            if os.fstat(fd).st_size != size or (name not in self._checked and not self._check_whole(file, fd, path)):
+                os.close(fd)
+                return None
+            marked = exposed  # a file handed out before keeps all its blocks until unlinked whole
+            if not marked:
+                with self._exclusive():
+                    marked = self._db.execute(
+                        "UPDATE files SET exposed = 1 WHERE file = ? AND name = ? AND "
+                        "(SELECT COUNT(*) FROM blocks WHERE file = ?) = ?", (file, name, file, blocks)).rowcount
+        except BaseException:
+            os.close(fd)
+            raise
+        if not marked:  # a block was evicted between the check and the mark
+            os.close(fd)
+            return None
+        self._checked.add(name)
+        for index in range(blocks):
+            self._note_access(join_key(file, index))
+        return fd
+
+    def _check_whole(self, file: str, fd: int, path: str) -> bool:
+        """Read every block of ``file`` from ``fd`` and check it; a failing one is dropped."""
+        rows = self._ro.execute("SELECT b.idx, b.size, b.digest, f.stride FROM blocks b JOIN files f "
+                                "ON f.file = b.file WHERE b.file = ? ORDER BY b.idx", (file,)).fetchall()
+        for index, size, digest, stride in rows:
+            offset = max(index, 0) * stride
+            data = os.pread(fd, size, offset)
+            if checksum(data) != digest:
+                key = join_key(file, index)
+                if (path, offset, size, digest) == self._row(key):  # not evicted or stored anew meanwhile
+                    self.corrupt += 1
+                    log.warning("cache tier %s: block %s failed its checksum at its first hand-out as a "
+                                "whole file: dropped, refetched", self.path, key)
+                    self._drop(key, path, lost=False)
+                return False
+        return True
+
+    # -- access times --------------------------------------------------------------------------------
+
     def _note_access(self, key: str) -> None:
         """Remember a use of ``key`` for LRU; written with the others at most every
         ``ACCESS_FLUSH_S`` seconds (and before any eviction), not one transaction per read."""
@@ -496,65 +596,42 @@ class DiskTier:
             self.flush_accesses()
 
     def flush_accesses(self) -> int:
-        """Write the access times of the blocks used since the last call, in one transaction, to
-        diskcache's LRU column (the order :meth:`_evict_to` follows; other processes sharing the
-        directory see them at most ``ACCESS_FLUSH_S`` late). Returns how many blocks were marked.
-        A full device cannot take them: they are dropped (the blocks are only older for LRU)."""
+        """Write the access times of the blocks used since the last call, in one transaction (other
+        processes sharing the directory see them at most ``ACCESS_FLUSH_S`` late). Returns how many
+        blocks were marked. A full device cannot take them: they are dropped (only older for LRU)."""
         with self._accessed_lock:
             accessed, self._accessed = self._accessed, {}
             self._flushed = time.monotonic()
-        if accessed:
+        if accessed and self._db is not None:
             try:
-                with self._cache.transact():
-                    self._cache._con.executemany("UPDATE Cache SET access_time = ? WHERE key = ? AND raw = 1",
-                                                 [(t, k) for k, t in accessed.items()])
+                with self._lock, self._db:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    self._db.executemany("UPDATE blocks SET atime = MAX(atime, ?) WHERE file = ? AND idx = ?",
+                                         [(t, *split_key(k)) for k, t in accessed.items()])
             except (OSError, sqlite3.Error) as err:
                 if not _is_full(err):
                     raise
         return len(accessed)
 
-    def _row(self, key: str) -> tuple[str, str, int] | None:
-        """``(path of the block file, its xxh3 checksum, its size in bytes)`` from the index, or
-        None when absent.
-
-        One indexed SELECT, no transaction, on the handle that never writes: diskcache's own
-        ``get`` costs ~25 µs more per block (and, under its LRU policy, a write transaction).
-        Blocks are always files (``disk_min_file_size=0``); ``raw = 1`` is how diskcache stores
-        str keys."""
-        row = self._peek._con.execute(_SELECT_BLOCK, (key,)).fetchone()
-        return None if row is None else (os.path.join(self.path, row[0]), row[1], row[2])
-
-    def block_file(self, key: str) -> str | None:
-        """Path of the block's file (for short-circuit reads and sendfile), or None. The file
-        may be evicted right after: callers opening it handle ``FileNotFoundError``."""
-        row = self._row(key) if self._peek is not None else None
-        return row[0] if row is not None else None
-
-    def advise(self, key: str) -> bool:
-        """True when the block is stored; its file is then read ahead asynchronously by the kernel
-        (``posix_fadvise(WILLNEED)``), so the coming ``get`` finds it in the page cache."""
-        if self._peek is None:
-            return False
-        try:
-            return self._at_row(key, _will_need) is not None
-        except FileNotFoundError:  # evicted meanwhile: a miss after all
-            return False
+    # -- writing -------------------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes | memoryview) -> bool:
         """Store a block; False when it is not kept: larger than the high watermark even in an
-        empty tier, the device is full (after evicting to the low watermark and trying once
-        more), or the tier is unhealthy. Never raises for a write failure: the caller still has
-        the bytes, so the read is served and only caching is skipped."""
+        empty tier or than its file's stride, the device is full (after evicting to the low
+        watermark and trying once more), or the tier is unhealthy. Never raises for a write
+        failure: the caller still has the bytes, so the read is served and only caching is skipped."""
+        file, index = split_key(key)
         size = len(data)
         if size > self._high or not self._usable():
             return False
         with self._exclusive():
             try:
-                if key in self._cache:
+                if _first(self._db.execute("SELECT 1 FROM blocks WHERE file = ? AND idx = ?", (file, index))):
                     return True
                 if self.used() + size > self._high:
                     self._evict_to(self._low - size)
-                self._write(key, data)
+                if not self._write(file, index, data):
+                    return False
                 if not self.healthy:
                     log.warning("cache tier %s (%s) takes writes again", self.path, self.medium)
                     self.healthy = True
@@ -566,25 +643,156 @@ class DiskTier:
                     self._mark_unhealthy(err)
                 return False
 
-    def _write(self, key: str, data: bytes | memoryview) -> None:
+    def _write(self, file: str, index: int, data: bytes | memoryview) -> bool:
+        """Write block ``index`` of ``file`` at its offset, then its row (under the lock). A device
+        full before the quota (a smaller disk, or one shared with others) evicts to the low
+        watermark and tries once more. False when the block is longer than its file's stride."""
+        for attempt in (1, 2):
+            known = _first(self._db.execute("SELECT name, stride FROM files WHERE file = ?", (file,)))
+            name, stride = known or (uuid.uuid4().hex, max(self.block_size, len(data)))
+            if len(data) > stride:
+                return False
+            path, offset = os.path.join(self.files, name), max(index, 0) * stride
+            try:
+                write_range(path, offset, data, private.FILE_MODE)
+                with self._db:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    if known is None:
+                        self._db.execute("INSERT INTO files (file, name, stride) VALUES (?, ?, ?)", (file, name, stride))
+                    self._db.execute("INSERT INTO blocks VALUES (?, ?, ?, ?, ?)",
+                                     (file, index, len(data), checksum(data), time.time()))
+                return True
+            except (OSError, sqlite3.Error) as err:
+                self._forget_write(path, offset, len(data), whole=known is None)
+                if attempt == 2 or not _is_full(err):
+                    raise
+                self.full_bypasses += 1
+                self._evict_to(min(self._low, self.used()) - len(data))
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _forget_write(path: str, offset: int, size: int, whole: bool) -> None:
+        """Free what a failed write left: the new file ``path`` (``whole``), else its range."""
+        with contextlib.suppress(OSError):
+            if whole:
+                os.unlink(path)
+            else:
+                punch_hole(path, offset, size)
+
+    # -- removing ------------------------------------------------------------------------------------
+
+    def _eviction_order(self):
+        """Eviction candidates, least worth keeping first: ``(file, index, size, exposed)`` of each
+        stored block, least recently used first (the access times :meth:`flush_accesses` wrote),
+        or in the order :attr:`rank_victims` gives them. The one place that ranks eviction."""
+        cursor = self._db.execute("SELECT b.file, b.idx, b.size, f.exposed FROM blocks b JOIN files f "
+                                  "ON f.file = b.file ORDER BY b.atime")
         try:
-            self._cache.set(key, bytes(data), tag=checksum(data))
-        except (OSError, sqlite3.Error) as err:
-            if not _is_full(err):
-                raise
-            # The device filled before the quota did (a smaller disk, or one shared with others):
-            # make room down to the low watermark and try once more.
-            self.full_bypasses += 1
-            self._evict_to(min(self._low, self.used()) - len(data))
-            self._cache.set(key, bytes(data), tag=checksum(data))
+            lru = (row for batch in iter(lambda: cursor.fetchmany(256), []) for row in batch)
+            yield from lru if self.rank_victims is None else self.rank_victims(lru)
+        finally:
+            cursor.close()
+
+    def _evict_to(self, target: int) -> None:
+        """Evict blocks in :meth:`_eviction_order` until ``used() <= target`` (under the lock): a
+        file handed out whole goes whole (unlinked), other blocks one at a time (holes punched).
+        Not more: the low watermark is a floor, not a suggestion to empty the tier."""
+        self.flush_accesses()  # this process's recent uses count
+        excess = self.used() - target
+        if excess <= 0:
+            return
+        doomed: dict[str, list[int] | None] = {}
+        freed = 0
+        for file, index, size, exposed in self._eviction_order():
+            if freed >= excess:
+                break
+            if exposed:
+                if file not in doomed:
+                    doomed[file] = None
+                    (whole,) = _first(self._db.execute("SELECT SUM(size) FROM blocks WHERE file = ?", (file,)))
+                    freed += whole or 0
+            elif doomed.get(file, []) is not None:
+                doomed.setdefault(file, []).append(index)
+                freed += size
+        for file, indexes in doomed.items():
+            self.evictions += self._remove(file, indexes)
+
+    def _remove(self, file: str, indexes: list[int] | None, name: str | None = None) -> int:
+        """Delete blocks ``indexes`` of ``file`` (None: all) from the index, then free their bytes:
+        the whole file is unlinked when no block would be left or it was handed out whole, else
+        holes are punched. With ``name``, only while the file's row names that cache file (not a
+        file made anew since). Under the exclusive lock. Returns how many blocks were removed."""
+        known = _first(self._db.execute("SELECT name, stride, exposed FROM files WHERE file = ?", (file,)))
+        if known is None or (name is not None and known[0] != name):
+            return 0
+        name, stride, exposed = known
+        rows = self._db.execute("SELECT idx, size FROM blocks WHERE file = ?", (file,)).fetchall()
+        doomed = rows if indexes is None or exposed else [r for r in rows if r[0] in set(indexes)]
+        whole = len(doomed) == len(rows)
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            if whole:
+                self._db.execute("DELETE FROM blocks WHERE file = ?", (file,))
+                self._db.execute("DELETE FROM files WHERE file = ?", (file,))
+            else:
+                self._db.executemany("DELETE FROM blocks WHERE file = ? AND idx = ?", [(file, i) for i, _ in doomed])
+        for index, _ in doomed:
+            self._rows.pop(join_key(file, index), None)
+        path = os.path.join(self.files, name)
+        if whole:
+            self._checked.discard(name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return len(doomed)
+        try:
+            for index, size in doomed:
+                punch_hole(path, max(index, 0) * stride, size)
+        except OSError:  # the file is gone (every block with it), or its file system cannot punch holes
+            return len(doomed) + self._remove(file, None)
+        return len(doomed)
+
+    def _drop(self, key: str, path: str | None, lost: bool) -> None:
+        """Drop one block found lost (its file gone or short: counted in ``lost``) or corrupt, if
+        its row still names the cache file ``path`` (a copy stored anew meanwhile stays)."""
+        self._rows.pop(key, None)
+        if not self._usable() or self._db is None:
+            return
+        file, index = split_key(key)
+        try:
+            with self._exclusive():
+                removed = self._remove(file, [index], os.path.basename(path) if path else None)
+        except sqlite3.Error as err:
+            self._mark_unhealthy(err)
+            return
+        if lost and removed:
+            self.lost += 1
+
+    def discard(self, key: str) -> None:
+        """Drop one block (e.g. handed off to its owner); no error when it is already gone."""
+        if self._db is None:
+            return
+        file, index = split_key(key)
+        with self._exclusive():
+            self._remove(file, [index])
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every block whose key starts with ``prefix``; returns how many."""
+        if self._db is None:
+            return 0
+        doomed: dict[str, list[int]] = {}
+        for key in self.keys():
+            if key.startswith(prefix):
+                file, index = split_key(key)
+                doomed.setdefault(file, []).append(index)
+        with self._exclusive():
+            return sum(self._remove(file, indexes) for file, indexes in doomed.items())
+
+    # -- sweeping, health ----------------------------------------------------------------------------
 
     def _sweep_due(self) -> bool:
         """True when no process started a sweep of this directory in the last ``ORPHAN_GRACE_S``
-        seconds (the mtime of its ``.swept`` file tells), which it then marks as started now.
-
-        A sweep walks every block file and holds the GIL for much of it (~0.4 s for 2,000 blocks):
-        run on every open, it slowed the first reads of each new client (every DataLoader worker
-        process opens one) for an orphan that younger sweeps would keep anyway."""
+        seconds (the mtime of its ``.swept`` file tells), which it then marks as started now: a
+        sweep on every open slowed the first reads of each new client."""
         stamp = os.path.join(self.path, ".swept")
         try:
             with contextlib.suppress(FileNotFoundError):
@@ -596,25 +804,25 @@ class DiskTier:
         return True
 
     def _sweep_orphans(self, known: set[str]) -> None:
-        """Delete block files that no index row names (``known``: the indexed file names).
+        """Delete cache files that no index row names (``known``: the indexed names) and older than
+        ``ORPHAN_GRACE_S`` (younger ones may be another process's first write in flight). Runs in a
+        thread at start-up, touching only the file system."""
+        self.orphans_removed += self._delete_cache_files(known, cutoff=time.time() - ORPHAN_GRACE_S)
 
-        A process killed while storing a block leaves its file (written before its row) behind;
-        nothing would ever count or delete it, so crashes would grow the directory past the quota.
-        Files younger than ``ORPHAN_GRACE_S`` may be another process's write in flight: kept.
-        Runs in a thread at start-up, touching only the file system."""
-        self.orphans_removed += self._delete_block_files(known, cutoff=time.time() - ORPHAN_GRACE_S)
-
-    def _delete_block_files(self, known: set[str], cutoff: float | None) -> int:
-        """Delete the block files of the directory not in ``known`` (paths relative to it) and,
-        unless ``cutoff`` is None, last modified before ``cutoff`` (seconds since the epoch).
-        Returns how many."""
+    def _delete_cache_files(self, known: set[str], cutoff: float | None) -> int:
+        """Delete the cache files not named in ``known`` and, unless ``cutoff`` is None, last
+        modified before ``cutoff`` (seconds since the epoch). Returns how many."""
         removed = 0
-        for full in _block_files(self.path):
-            if os.path.relpath(full, self.path) in known:
+        try:
+            entries = list(os.scandir(self.files))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            if entry.name in known:
                 continue
             with contextlib.suppress(FileNotFoundError):
-                if cutoff is None or os.stat(full).st_mtime < cutoff:
-                    os.unlink(full)
+                if cutoff is None or entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
                     removed += 1
         return removed
 
@@ -626,17 +834,17 @@ class DiskTier:
         if time.monotonic() - self._unhealthy_since <= RECHECK_S:
             return False
         with self._lock:  # one thread reopens
-            if self._cache is None:
+            if self._db is None:
                 return self._open()
             if not self._damaged:
                 return True
             # Damaged while open: open (so replace) it anew, then close the old handles (a read
             # still using one gets an error, so a miss).
-            old = self._peek, self._cache, self._lock_fd
+            old = self._db, self._ro, self._lock_fd
             if not self._open():
-                self._cache = self._peek = None
+                self._db = self._ro = None
             _close(*old)
-            return self._cache is not None
+            return self._db is not None
 
     def _mark_unhealthy(self, err: BaseException) -> None:
         if self.healthy:
@@ -646,56 +854,59 @@ class DiskTier:
         self.write_errors += 1
         self._unhealthy_since = time.monotonic()
 
-    def _evict_to(self, target: int) -> None:
-        """Delete least recently used blocks, one at a time, until ``used() <= target``.
-
-        Not ``diskcache.Cache.cull``: it deletes 10 rows per round, so with large blocks it went
-        far below the low watermark (up to 9 blocks too many) and threw away cached data."""
-        self.flush_accesses()  # this process's recent uses count
-        excess = self.used() - target
-        if excess <= 0:
-            return
-        doomed, freed = [], 0
-        # diskcache's LRU order: the access_time column its least-recently-used policy keeps.
-        rows = self._cache._sql("SELECT key, size FROM Cache ORDER BY access_time")
-        for key, size in rows if self.rank_victims is None else self.rank_victims(rows):
-            if freed >= excess:
-                break
-            doomed.append(key)
-            freed += size
-        for key in doomed:
-            if self._cache.delete(key):
-                self.evictions += 1
-
-    def delete_prefix(self, prefix: str) -> int:
-        """Delete every block whose key starts with ``prefix``; returns how many."""
-        if self._cache is None:
-            return 0
-        doomed = [k for k in self._cache.iterkeys() if isinstance(k, str) and k.startswith(prefix)]
-        for k in doomed:
-            self._cache.delete(k)
-        return len(doomed)
-
-    def prefix_bytes(self, prefix: str) -> int:
-        """Bytes of the stored blocks whose keys start with ``prefix`` (e.g. one dataset's
-        ``name/``): one SQL sum over the index's key range, no row read into Python."""
-        if self._cache is None or not prefix:
-            return 0
-        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first key past every key with the prefix
-        ((total,),) = self._cache._sql("SELECT COALESCE(SUM(size), 0) FROM Cache WHERE raw = 1 AND key >= ? AND key < ?",
-                                       (prefix, end)).fetchall()
-        return int(total)
-
-    def keys(self):
-        """Iterate over stored block keys."""
-        if self._cache is None:
-            return iter(())
-        return (k for k in self._cache.iterkeys() if isinstance(k, str))
-
     def close(self) -> None:
-        if self._cache is None:
+        if self._db is None:
             return
         with contextlib.suppress(OSError, sqlite3.Error):  # a failing device loses only LRU order
             self.flush_accesses()
-        _close(self._peek, self._cache, self._lock_fd)
-        self._cache = self._peek = None
+        _close(self._db, self._ro, self._lock_fd)
+        self._db = self._ro = None
+
+
+class _Readers:
+    """One connection to the index per thread, for lookups (Python's ``sqlite3`` does not promise
+    that one connection serves several threads at once)."""
+
+    def __init__(self, path: str):
+        self._path = path
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def execute(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(self._path, timeout=60, isolation_level=None, check_same_thread=False)
+            with self._lock:
+                self._all.append(con)
+            self._local.con = con
+        return con.execute(sql, args)
+
+    def close(self) -> None:
+        with self._lock:
+            for con in self._all:
+                con.close()
+            self._all.clear()
+
+
+def _close(db: sqlite3.Connection, ro: _Readers, lock_fd: int) -> None:
+    db.close()
+    ro.close()
+    os.close(lock_fd)
+
+
+def _first(cursor: sqlite3.Cursor) -> tuple | None:
+    """The first row of ``cursor``'s query, or None, with the statement run to its end: a
+    statement left open (``fetchone``) keeps its read transaction, and the connection then goes on
+    reading an old snapshot of the index."""
+    rows = cursor.fetchall()
+    return rows[0] if rows else None
+
+
+def _read_verified(row: tuple[str, int, int, str], pieces: bool) -> tuple[PieceBlock | bytes, str]:
+    """``(the block's bytes, their xxh3-64 hex digest)`` for a :meth:`DiskTier._row`; in pieces
+    when asked for and the block is longer than one."""
+    if pieces and row[2] > PIECE:
+        return read_pieces(row[0], row[1], row[2])
+    data = read_range(row[0], row[1], row[2])
+    return data, checksum(data)

@@ -62,6 +62,14 @@ class LocalBlockSource:
     def key(self, entry: FileEntry, index: int) -> BlockKey:
         return BlockKey(self.dataset, file_id(entry.mount, entry.ufs_path, entry.version, self.block_size), index)
 
+    def local_file(self, entry: FileEntry) -> int | None:
+        """A read-only descriptor of ``entry``'s version as one contiguous local file, which the
+        caller owns and closes: the disk level's own cache file of the version when all its blocks
+        are stored there (checked block by block at its first hand-out, see
+        :meth:`DiskTier.open_whole`), else None. Reads of it reach no block source: no hits counted."""
+        key = self.key(entry, 0)
+        return self.store.open_whole(f"{key.dataset}/{key.file_id}", entry.size, block_count(entry.size, self.block_size))
+
     def is_cached(self, entry: FileEntry, index: int) -> bool:
         return str(self.key(entry, index)) in self.store
 

@@ -109,6 +109,12 @@ class TieredStore:
         """Path of a block's file on the disk level, for short-circuit reads; None if not on disk."""
         return self._disk.block_file(key) if self._disk is not None else None
 
+    def open_whole(self, file: str, size: int, blocks: int) -> int | None:
+        """A read-only descriptor of the disk level's cache file of ``file`` (``dataset/file_id``)
+        when all its ``blocks`` blocks (``size`` bytes) are stored there, else None (see
+        :meth:`DiskTier.open_whole`). The caller closes it."""
+        return self._disk.open_whole(file, size, blocks) if self._disk is not None else None
+
     def delete_prefix(self, prefix: str) -> int:
         """Drop every block whose key starts with ``prefix`` from every level; returns the count."""
         return max(lv.delete_prefix(prefix) for lv in self.levels)

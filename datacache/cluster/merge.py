@@ -17,7 +17,7 @@ import time
 
 from datacache.api.quantity import format_bytes
 from datacache.cache.blocks import BlockKey
-from datacache.cache.disk import DiskTier
+from datacache.cache.disk import DiskTier, holds_cache
 from datacache.cluster.store import ServingDiskTier
 
 
@@ -83,4 +83,4 @@ def worker_dirs(base: str) -> list[str]:
     if not os.path.isdir(base):
         return []
     return sorted(e for e in os.listdir(base)
-                  if e.startswith("worker-") and os.path.exists(os.path.join(base, e, "cache.db")))
+                  if e.startswith("worker-") and holds_cache(os.path.join(base, e)))

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 
-from datacache.cache.disk import DiskTier
+from datacache.cache.disk import DiskTier, holds_cache
 from datacache.cluster import placement
 from datacache.cluster.member import Member
 from datacache.cluster.membership import Membership
@@ -124,7 +124,7 @@ class Router:
     @staticmethod
     def _open(disk: dict) -> DiskTier | None:
         path = disk["path"]
-        if not (os.access(path, os.R_OK | os.X_OK) and os.path.exists(os.path.join(path, "cache.db"))):
+        if not (os.access(path, os.R_OK | os.X_OK) and holds_cache(path)):
             return None
         try:
             return DiskTier(path, int(disk.get("quota", 1 << 40)), medium=disk.get("medium", "SSD"))

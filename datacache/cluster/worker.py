@@ -161,7 +161,7 @@ class Worker:
             if found is not None:
                 self.metrics.hits.inc()
                 with found[0] as f:
-                    return await _send_block_file(request, f, found[1])
+                    return await _send_block_file(request, f, *found[1:])
         try:
             data, hit = await self._single_flight(key, self._fetch_missing, entry, index, key)
         except OSError as err:
@@ -376,15 +376,15 @@ async def _with_stale(work, stale) -> dict:
     return {**report, "stale": await asyncio.to_thread(stale)}
 
 
-async def _send_block_file(request: web.Request, f, digest: str) -> web.StreamResponse:
-    """A disk hit: the open block file ``f`` sent with ``sendfile``. What aiohttp's FileResponse
-    does after its stat/open/conditional-header work in an executor (~0.4 ms a request here),
-    which a block file (opened by the index lookup, never revalidated by clients) needs none of."""
-    size = os.fstat(f.fileno()).st_size
+async def _send_block_file(request: web.Request, f, offset: int, size: int, digest: str) -> web.StreamResponse:
+    """A disk hit: ``size`` bytes at ``offset`` of the open cache file ``f`` sent with ``sendfile``.
+    What aiohttp's FileResponse does after its stat/open/conditional-header work in an executor
+    (~0.4 ms a request here), which a block (opened by the index lookup, never revalidated by
+    clients) needs none of."""
     resp = web.StreamResponse(headers={"X-Block-Checksum": digest, "X-Cache": "hit", "Content-Length": str(size),
                                        "Content-Type": "application/octet-stream"})
     await resp.prepare(request)  # a StreamResponse sends its headers here, before the file
-    await asyncio.get_running_loop().sendfile(request.transport, f, 0, size)
+    await asyncio.get_running_loop().sendfile(request.transport, f, offset, size)
     await resp.write_eof()
     return resp
 

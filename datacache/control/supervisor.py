@@ -69,6 +69,7 @@ import time
 from dataclasses import dataclass
 
 from datacache import private
+from datacache.cache.disk import holds_cache
 from datacache.cluster.auth import ensure_token, load_token, runtime_dir
 from datacache.cluster import membership, merge
 from datacache.cluster.membership import Membership
@@ -331,7 +332,8 @@ def merge_caches(home: str, runtime) -> list[str]:
     for level, base, workers in levels:
         if not workers:
             continue
-        target = DiskTier(base, level.quota_bytes, level.high, level.low, level.mediumtype)
+        target = DiskTier(base, level.quota_bytes, level.high, level.low, level.mediumtype,
+                          runtime.spec.block_size_bytes)
         try:
             for worker in workers:
                 report = merge.merge_into(target, int(level.quota_bytes * level.high), os.path.join(base, worker),
@@ -361,8 +363,8 @@ def adopt_in_process_cache(home: str, runtime) -> list[str]:
     adopted = []
     for base in _disk_bases(home, runtime):
         free = [os.path.join(base, f"worker-{i}") for i in indexes
-                if not os.path.exists(os.path.join(base, f"worker-{i}", "cache.db"))]
-        if os.path.exists(os.path.join(base, "cache.db")) and free:
+                if not holds_cache(os.path.join(base, f"worker-{i}"))]
+        if holds_cache(base) and free:
             _move_cache(base, free[0])
             adopted.append(base)
     return adopted
@@ -375,7 +377,7 @@ def return_cache(home: str, runtime, index: int) -> list[str]:
     returned = []
     for base in _disk_bases(home, runtime):
         worker = os.path.join(base, f"worker-{index}")
-        if os.path.exists(os.path.join(worker, "cache.db")) and not os.path.exists(os.path.join(base, "cache.db")):
+        if holds_cache(worker) and not holds_cache(base):
             _move_cache(worker, base)
             returned.append(worker)
     return returned

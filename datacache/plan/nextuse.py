@@ -14,8 +14,10 @@ from datacache.plan.cursor import PlanCursor
 GRACE = 16  # files just behind the position: other processes of the job may still be reading them
 
 
-def next_use_order(rows, cursors: list[PlanCursor], grace: int = GRACE) -> list[tuple[str, int]]:
-    """``rows`` (``(block key, size)`` in LRU order, least recent first) in eviction order.
+def next_use_order(rows, cursors: list[PlanCursor], grace: int = GRACE) -> list[tuple]:
+    """``rows`` (tuples whose first item is a block key ``dataset/fid/index`` or its file
+    ``dataset/fid``, as the disk tier gives them, in LRU order, least recent first) in eviction
+    order.
 
     A block's next use is, over ``cursors``, the smallest ``plan position - reader position``
     of its file version ahead of a reader. A block no plan needs any more (its version is in
@@ -23,9 +25,9 @@ def next_use_order(rows, cursors: list[PlanCursor], grace: int = GRACE) -> list[
     blocks read within the last ``grace`` files (other readers of the job may still be on them,
     but they are needed no more), in LRU order; then those ahead, furthest next use first."""
     never, behind, ahead = [], [], []
-    for key, size in rows:
-        parts = key.split("/")
-        fid = parts[1] if len(parts) == 3 else ""
+    for row in rows:
+        parts = row[0].split("/")
+        fid = parts[1] if len(parts) >= 2 else ""
         distance, recent = None, False
         for c in cursors:
             at = c.position_of(fid)
@@ -37,10 +39,10 @@ def next_use_order(rows, cursors: list[PlanCursor], grace: int = GRACE) -> list[
             elif at >= c.position - grace:
                 recent = True
         if distance is not None:
-            ahead.append((distance, key, size))
+            ahead.append((distance, row))
         elif recent:
-            behind.append((key, size))
+            behind.append(row)
         else:
-            never.append((key, size))
+            never.append(row)
     ahead.sort(key=lambda t: -t[0])  # stable: equal distances stay in LRU order
-    return never + behind + [(key, size) for _, key, size in ahead]
+    return never + behind + [row for _, row in ahead]

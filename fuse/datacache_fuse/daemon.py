@@ -307,7 +307,7 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
     mount options; ``read_ahead_kib``: the bdi read-ahead (KiB, 0 leaves the kernel's default);
     ``workers``: threads serving requests; ``allow_nonempty``: mount over a directory
     with entries; ``no_open``: True for the kernel's no-open mode, False for a file handle per
-    open with file-tier files passed through to the kernel, None to choose by what the dataset
+    open with complete cached files passed through to the kernel, None to choose by what the dataset
     holds (:func:`choose_read_mode`, logged)
     (handlers in :mod:`.kernel_ops`, transport in :mod:`datacache_fuse.kernel`); ``announce``:
     called once the kernel's INIT came (the mount answers) with one line for the user,
@@ -365,7 +365,7 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
     """Mount, serve until unmounted or signalled (SIGTERM, SIGINT, SIGHUP unmount lazily and end
     the daemon), clean up. Options other than the ones the transport sets itself (``ro``,
     ``default_permissions``, ``fsname``, ``subtype``, ``allow_other``) go to the kernel as they
-    are. ``handles``: an OPEN per file, passed through when the file tier holds it; ``mounted``:
+    are. ``handles``: an OPEN per file, passed through when it is held whole (``DatasetClient.local_file``); ``mounted``:
     called with the mode (``"no-open mode"``, ``"a file handle per open"``) once the mount
     answers. With ``$DATACACHE_FUSE_WATCH_PID`` set, the exit of that process unmounts and ends
     the daemon too (a killed test runner leaves no mount behind, issue 19.17)."""
@@ -403,7 +403,7 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         mode = "no-open mode" if ops.no_open else "a file handle per open"
         log.info("mounted %s/%s at %s (FUSE 7.%d, %s, options %s)", namespace, dataset, mountpoint,
-                 session.kernel.minor, mode + (", passthrough of file-tier files" if session.passthrough else ""),
+                 session.kernel.minor, mode + (", passthrough of complete cached files" if session.passthrough else ""),
                  ",".join(extra) or "-")
         mounted(mode)
         idle = _IdleTrim(session, client.source.budget)

@@ -31,10 +31,11 @@ Rules, and why:
   version pin of case C3 holds. A read that answers ESTALE first invalidates the file's directory
   entry, so the caller's next ``open`` looks the path up again.
 - **Handles and passthrough (``--read-mode passthrough``).** Each ``open`` gets a handle and ``release``
-  drops it. An OPEN of a version the file tier holds as one complete local file
-  (``DatasetClient.local_file``) names that file, and the kernel reads it directly: no READ
-  reaches the daemon for that handle. Other versions are served through READ (and ``local_file``
-  starts copying a complete one into the file tier, for a later open).
+  drops it. An OPEN of a version held whole as one local file (``DatasetClient.local_file``: the
+  disk tier's cache file of a version whose blocks are all stored, or with workers the file
+  tier's copy) names that file, and the kernel reads it directly: no READ reaches the daemon for
+  that handle. Other versions are served through READ (their reads fill the cache, so a later
+  open passes through).
 - **One Reader per handle.** A handle (per ``open``, or per inode in no-open mode, at most
   ``INODE_READERS`` kept, least recently read idle ones dropped first; :mod:`.handles`) has its own
   ``DatasetFile`` whose sequential detection drives read-ahead. Handlers run on the session's
@@ -83,7 +84,7 @@ class DatasetOperations(Operations):
     ``attr_timeout``: seconds the kernel may cache entries and attributes; ``reload_interval``:
     seconds between two checks for a new stored manifest (None: never); ``no_open``: answer the
     first OPEN with ENOSYS (the kernel's no-open mode; default), else a handle per open;
-    ``passthrough``: with handles, pass file-tier files through (see the module's docstring).
+    ``passthrough``: with handles, pass complete cached files through (see the module's docstring).
     """
 
     readdirplus_enabled = True

@@ -406,8 +406,9 @@ def test_tokens_are_compared_in_constant_time(monkeypatch):
 
 
 def test_block_files_lost_on_workers_are_not_counted_and_warmup_reloads_them(cluster, module_home):
-    """Issue 18: block files deleted or truncated behind a worker's back are not cached (status,
-    ``is_cached``); a warmup reloads exactly them, ``check=True`` also a block whose bytes changed."""
+    """Issue 18: cache files deleted or truncated behind a worker's back are not cached (status,
+    ``is_cached``); a warmup reloads exactly their blocks, ``check=True`` also a block whose bytes
+    changed."""
     plane, contents = cluster
     client = plane.open_dataset(NAME)
     path = "local/big/large.bin"
@@ -416,19 +417,22 @@ def test_block_files_lost_on_workers_are_not_counted_and_warmup_reloads_them(clu
     assert warmup(client, [path]).ok
     size = len(contents[path])
     assert plane.refresh_status("Dataset", NAME)["cacheStates"]["cached"] == format_bytes(size)
-    files = {}  # block index -> (worker's tier directory, block file)
+    extents = {}  # block index -> (the worker's cache file of the version, offset, size)
     for wid, directory in worker_dirs(module_home, NAME).items():
         tier = DiskTier(directory, 1 << 40)
         for i in range(len(contents[path]) // BLOCK + 1):
-            found = tier.block_file(str(client.source.key(entry, i)))
+            found = tier.block_extent(str(client.source.key(entry, i)))
             if found:
-                files[i] = found
+                extents[i] = found[:3]
         tier.close()
-    assert len(files) == 65
-    os.unlink(files[3])
-    os.unlink(files[40])
-    os.truncate(files[64], 0)  # the last block: 7 bytes
-    lost = 2 * BLOCK + 7
+    assert len(extents) == 65
+    gone = extents[3][0]  # one worker's file of the version: all its blocks
+    os.unlink(gone)
+    if extents[64][0] != gone:
+        os.truncate(extents[64][0], extents[64][1])  # cut before the last block (7 bytes)
+    lost_blocks = [i for i, (name, _, _) in extents.items() if name == gone or i == 64]
+    lost = sum(extents[i][2] for i in lost_blocks)
+    assert 7 in {extents[i][2] for i in lost_blocks} and len(lost_blocks) < 65
     client.close()
 
     assert plane.refresh_status("Dataset", NAME)["cacheStates"]["cached"] == format_bytes(size - lost)
@@ -436,7 +440,9 @@ def test_block_files_lost_on_workers_are_not_counted_and_warmup_reloads_them(clu
     assert client.cached_bytes([entry]) == size - lost
     result = warmup(client, [path])
     assert result.ok and result.loaded_bytes == lost
-    with open(files[10], "r+b") as f:  # same size, other bytes
+    kept = next(i for i in extents if i not in lost_blocks)  # its file and offset are unchanged
+    with open(extents[kept][0], "r+b") as f:  # same size, other bytes
+        f.seek(extents[kept][1])
         f.write(b"\xff" * 64)
     assert warmup(client, [path]).loaded_bytes == 0
     assert warmup(client, [path], check=True).loaded_bytes == BLOCK

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from datacache.api.quantity import format_bytes
+from datacache.cache.disk import FILES, INDEX
 from support import dataset_yaml
 
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -36,9 +37,12 @@ def parsed(text: str) -> tuple[float, float]:
 
 
 def stored_blocks(cache_dir) -> int:
-    """Bytes of the block files (diskcache's ``*.val``) under the cache directory."""
-    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(cache_dir)
-               for f in files if f.endswith(".val"))
+    """Bytes the cache files (one per file version, sparse) hold on disk under the cache directory."""
+    files = os.path.join(cache_dir, FILES)
+    if not os.path.isdir(files):
+        return 0
+    stats = [os.stat(os.path.join(files, f)) for f in os.listdir(files)]
+    return sum(min(st.st_size, st.st_blocks * 512) for st in stats)
 
 
 def test_dataset_cached_old_versions_and_runtime_cached_match_the_block_files(tmp_path, datacache_home):
@@ -80,4 +84,4 @@ def test_dataset_cached_old_versions_and_runtime_cached_match_the_block_files(tm
     # The runtime counts every block it holds, plus its index (under 1 MiB here).
     blocks = stored_blocks(cache_dir)
     lo, hi = parsed(status(datacache_home, "cacheruntimes")["cached"])
-    assert blocks + os.path.getsize(cache_dir / "cache.db") <= hi and lo - blocks < 1 << 20
+    assert blocks + os.path.getsize(cache_dir / INDEX) <= hi and lo - blocks < 1 << 20

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from datacache.cache.disk import ORPHAN_GRACE_S, DiskTier
+from datacache.cache.disk import FILES, ORPHAN_GRACE_S, DiskTier
 from datacache.cluster.store import ServingDiskTier
 from datacache.control.embedded import Embedded
 from fault_support import apply_dataset, read_all, sha
@@ -90,16 +90,17 @@ def test_warmup_killed_at_random_moments(crash_ds):
         tier.close()
         assert survivors <= now, f"round {rnd}: blocks cached before the kill were lost"
         kept_total += len(now)
-    # Files of killed writes (the file is written before its index row) are swept at the next
-    # start once older than the grace period: after it, one file per indexed block, no more.
+    # Files of killed writes (a new file is written before its index row) are swept at the next
+    # start once older than the grace period: after it, one cache file per indexed file version.
     old = time.time() - ORPHAN_GRACE_S - 1
     for root, _, names in os.walk(level_dir):
         for n in names:
             os.utime(os.path.join(root, n), (old, old))
     tier = DiskTier(level_dir, 1 << 30)
     tier.sweeper.join(30)
-    block_files = sum(n.endswith(".val") for _, _, names in os.walk(level_dir) for n in names)
-    assert block_files == len(list(tier.keys())), f"{block_files} block files, {len(list(tier.keys()))} indexed"
+    cache_files = len(os.listdir(os.path.join(level_dir, FILES)))
+    versions = {key.rsplit("/", 1)[0] for key in tier.keys()}
+    assert cache_files == len(versions), f"{cache_files} cache files, {len(versions)} file versions indexed"
     orphans = tier.orphans_removed
     tier.close()
     plane = Embedded(home)

@@ -134,19 +134,19 @@ def test_no_open_mode_reads_many_files_at_once_past_the_kept_readers(fuse_env, f
         force_cleanup(fuse_env.home, mountpoint, pid)
 
 
-def test_open_handles_pass_file_tier_files_through(fuse_env, mountpoint):
-    """``--read-mode passthrough``: the first read of a multi-block file goes through READ and puts the
-    complete version into the file tier; a later open is answered with FOPEN_PASSTHROUGH onto
-    that file (the daemon's log counts it) and reads the same bytes."""
+def test_open_handles_pass_complete_cache_files_through(fuse_env, mountpoint):
+    """``--read-mode passthrough``: the first read of a multi-block file goes through READ and stores
+    every block of the version in its one cache file on the disk level; a later open is answered
+    with FOPEN_PASSTHROUGH onto that file (the daemon's log counts it) and reads the same bytes."""
     pid = mount(fuse_env, mountpoint, "--read-mode", "passthrough")
     log = read_state(fuse_env.home, mountpoint)["log"]
     path, want = os.path.join(mountpoint, "local/big.bin"), fuse_env.expected["local/big.bin"]
     try:
-        assert "passthrough of file-tier files" in _log(fuse_env.home, mountpoint)
+        assert "passthrough of complete cached files" in _log(fuse_env.home, mountpoint)
         assert sha256_path(path) == want  # through READ; the version is now complete in the cache
-        tiered = lambda: [p for p in glob.glob(os.path.join(fuse_env.home, "**", "*.files", "**"), recursive=True)
-                          if os.path.isfile(p) and os.path.getsize(p) == BIG_SIZE]  # noqa: E731
-        wait_until(lambda: sha256_path(path) == want and tiered(), 30, "the file tier to hold big.bin")
+        whole = lambda: [p for p in glob.glob(os.path.join(fuse_env.home, "**", "files", "*"), recursive=True)
+                         if os.path.isfile(p) and os.stat(p).st_blocks * 512 >= BIG_SIZE]  # noqa: E731
+        wait_until(lambda: sha256_path(path) == want and whole(), 30, "the disk tier to hold all of big.bin")
         for _ in range(3):
             time.sleep(0.2)  # the previous handle's RELEASE arrives (an inode is not passed through
             assert sha256_path(path) == want  # while a handle reading through the page cache is open)

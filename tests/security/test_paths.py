@@ -13,6 +13,7 @@ import fsspec
 import pytest
 from click.testing import CliRunner
 
+from datacache.cache.disk import FILES
 from datacache.cli import cli
 from security_support import apply_dataset
 
@@ -98,7 +99,7 @@ def test_symlinks_in_a_local_ufs_are_not_followed(datacache_home, tmp_path):
         client.close()
         targets = {"home": home, "state": next(os.path.join(r, n) for r, _, ns in os.walk(home) for n in ns),
                    "cachedir": cache, "block": next(os.path.join(r, n) for r, _, ns in os.walk(cache)
-                                                    for n in ns if n.endswith(".val")),
+                                                    for n in ns if os.path.basename(r) == FILES),
                    "beside.txt": str(tmp_path / "outside.txt"), "inner.txt": str(src / "ok.txt"),
                    "loop": str(src), "sub/up": ".."}
         for name, target in targets.items():

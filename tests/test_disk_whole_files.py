@@ -1,0 +1,116 @@
+"""One cache file per file version (issue 17 item 4): blocks land at their offsets in one sparse
+file; a version whose blocks are all stored is handed out whole (checked block by block the first
+time), and from then on is evicted only by unlink, so a reader holding it open keeps reading the
+right bytes; a file never handed out loses single blocks by hole punching, which frees their space
+(a file larger than the quota, case C1)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from datacache.cache.disk import DiskTier
+
+BLOCK = 256 << 10
+FILE = "ds/" + "a" * 32
+
+
+def _sha(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _allocated(path: str) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def _fill(tier: DiskTier, file: str, blocks: list[bytes]) -> None:
+    for i in reversed(range(len(blocks))):  # last first: each block lands at its offset
+        assert tier.put(f"{file}/{i}", blocks[i])
+
+
+def test_a_complete_version_is_one_contiguous_file_handed_out_after_its_check(tmp_path):
+    tier = DiskTier(str(tmp_path / "ssd"), 64 * BLOCK, block_size=BLOCK)
+    blocks = [os.urandom(BLOCK) for _ in range(4)] + [os.urandom(1000)]
+    whole = b"".join(blocks)
+    try:
+        for i in (4, 2, 3, 1):  # any order: each block lands at its offset
+            assert tier.put(f"{FILE}/{i}", blocks[i])
+        assert tier.open_whole(FILE, len(whole), 5) is None  # block 0 missing: a hole
+        path = tier.block_file(f"{FILE}/1")
+        assert os.path.getsize(path) == len(whole) and _allocated(path) < len(whole)
+        assert tier.put(f"{FILE}/0", blocks[0])
+        assert tier.open_whole(FILE, len(whole) + 1, 5) is None  # not the version asked for
+        fd = tier.open_whole(FILE, len(whole), 5)
+        with open(fd, "rb") as f:
+            assert _sha(f.read()) == _sha(whole)
+        assert tier.block_file(f"{FILE}/4") == path and len(os.listdir(tier.files)) == 1
+    finally:
+        tier.close()
+
+
+def test_a_damaged_block_fails_the_first_hand_out_and_is_refetched(tmp_path):
+    directory = str(tmp_path / "ssd")
+    blocks = [os.urandom(BLOCK) for _ in range(3)]
+    tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    try:
+        _fill(tier, FILE, blocks)
+        os.close(tier.open_whole(FILE, 3 * BLOCK, 3))  # checked once by this instance
+    finally:
+        tier.close()
+    (name,) = os.listdir(tier.files)
+    path = os.path.join(tier.files, name)
+    with open(path, "r+b") as f:  # the device changed a byte of block 2 while no process ran
+        f.seek(2 * BLOCK + 5)
+        f.write(bytes([blocks[2][5] ^ 0xFF]))
+    tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)  # a restart: checked again at hand-out
+    try:
+        assert tier.open_whole(FILE, 3 * BLOCK, 3) is None
+        assert tier.corrupt == 1 and f"{FILE}/2" not in tier
+        # The file was handed out before: dropping one block unlinks it whole, never edits it.
+        assert not os.path.exists(path) and f"{FILE}/0" not in tier
+        _fill(tier, FILE, blocks)
+        fd = tier.open_whole(FILE, 3 * BLOCK, 3)
+        with open(fd, "rb") as f:
+            assert _sha(f.read()) == _sha(b"".join(blocks))
+    finally:
+        tier.close()
+
+
+def test_a_reader_keeps_its_bytes_when_the_file_it_holds_open_is_evicted(tmp_path):
+    tier = DiskTier(str(tmp_path / "ssd"), 12 * BLOCK, high=0.95, low=0.5, block_size=BLOCK)
+    blocks = [os.urandom(BLOCK) for _ in range(8)]
+    try:
+        _fill(tier, FILE, blocks)
+        fd = tier.open_whole(FILE, 8 * BLOCK, 8)
+        path = tier.block_file(f"{FILE}/0")
+        first = os.pread(fd, BLOCK, 0)
+        other = "ds/" + "b" * 32
+        for i in range(8):  # the handed-out file is the least recently used: it goes whole
+            assert tier.put(f"{other}/{i}", os.urandom(BLOCK))
+        assert not os.path.exists(path) and not any(f"{FILE}/{i}" in tier for i in range(8))
+        assert os.fstat(fd).st_nlink == 0  # unlinked, not truncated nor punched
+        rest = b"".join(os.pread(fd, BLOCK, i * BLOCK) for i in range(1, 8))
+        assert _sha(first + rest) == _sha(b"".join(blocks))
+        os.close(fd)
+        assert tier.used() <= 12 * BLOCK
+    finally:
+        tier.close()
+
+
+def test_a_file_larger_than_the_quota_loses_single_blocks_by_hole_punching(tmp_path):
+    quota = 10 * BLOCK
+    tier = DiskTier(str(tmp_path / "ssd"), quota, high=0.95, low=0.7, block_size=BLOCK)
+    blocks = [os.urandom(BLOCK) for _ in range(24)]  # 2.4x the quota, one file version
+    try:
+        for i, value in enumerate(blocks):
+            assert tier.put(f"{FILE}/{i}", value)
+            path = tier.block_file(f"{FILE}/{i}")
+            assert _allocated(path) <= quota  # holes punched: the space is freed, not just unindexed
+        kept = [i for i in range(24) if f"{FILE}/{i}" in tier]
+        assert kept == list(range(24 - len(kept), 24)) and 0 < len(kept) < 10  # least recent went first
+        assert _allocated(path) == len(kept) * BLOCK and os.path.getsize(path) == 24 * BLOCK
+        assert all(_sha(tier.get(f"{FILE}/{i}")) == _sha(blocks[i]) for i in kept)
+        assert tier.get(f"{FILE}/0") is None and tier.corrupt == 0  # a hole is a miss, not damage
+        assert tier.open_whole(FILE, 24 * BLOCK, 24) is None  # never handed out while not complete
+    finally:
+        tier.close()
