@@ -272,7 +272,8 @@ spec: {{dataset: {{name: imagenet, namespace: {NS}}}, target: [{{path: /train}}]
         assert (status["ufsTotal"], status["fileNum"]) == (format_bytes(total), 3)
         assert status["cacheStates"] == {
             "cached": format_bytes(train), "cachedPercentage": percentage(train, total),
-            "cacheCapacity": format_bytes(2 * QUOTA), "cacheHitRatio": status["cacheStates"]["cacheHitRatio"]}
+            "cacheCapacity": format_bytes(2 * QUOTA), "cacheHitRatio": status["cacheStates"]["cacheHitRatio"],
+            "lastTraceCached": "-"}  # no run recorded
         assert status["cacheStates"]["cacheHitRatio"] == "0.0%"  # warmup fills are misses, nothing was read
         # the first sync adds every file: the DataLoads whose targets hold files are marked
         marks = {n: _get(kmock, f"{CRS}/dataloads", n)["metadata"].get("annotations", {}).get("datacache.io/sync-event")
