@@ -157,7 +157,7 @@ def warmup(client, targets: list[str | tuple[str, list[str]]] | None = None, *, 
             owners.setdefault(e.path, []).append(counters)
     if on_progress is not None:  # the totals are known: a bar can start here
         on_progress(progress)
-    ufs_before = client.source.ufs_bytes
+    ufs_before, full_before = client.source.ufs_bytes, _device_full_count(client.source)
     file_errors, stale, in_flight = _load(client, list(selected.values()), owners, parallel, segment_bytes,
                                           progress, on_progress, cancel, check)
     cancelled = cancel is not None and cancel.is_set()
@@ -171,6 +171,8 @@ def warmup(client, targets: list[str | tuple[str, list[str]]] | None = None, *, 
         for res, mine in zip(results, per_target):
             res.bytes = sum(e.size for e in mine)
     loaded = client.source.ufs_bytes - ufs_before
+    # loaded, then evicted: to make room in a device that filled before the quota, or by the quota
+    evicted = _EVICTED_FULL if _device_full_count(client.source) > full_before else _EVICTED
 
     held_bytes: dict[str, int] = {}  # dataset path -> its bytes cached (a file may be under several targets)
     for res, mine in zip(results, per_target):
@@ -188,7 +190,7 @@ def warmup(client, targets: list[str | tuple[str, list[str]]] | None = None, *, 
         # A cancelled load names only files that failed: the rest were simply not reached.
         named = [e for e in missing if e.path in file_errors] if cancelled else missing
         for e in named[:_MAX_LISTED]:
-            res.failures.append(f"{e.path}: {file_errors.get(e.path, _EVICTED)}")
+            res.failures.append(f"{e.path}: {file_errors.get(e.path, evicted)}")
         if len(named) > _MAX_LISTED:
             res.failures.append(f"... and {len(named) - _MAX_LISTED} more files not cached")
         res.phase = "Complete" if not missing else "Failed" if named or not cancelled else "Cancelled"
@@ -208,6 +210,14 @@ def _listed(manifest, target: tuple[str, list[str]]) -> list[FileEntry]:
 
 
 _EVICTED = "not cached (evicted: the cache quota is smaller than the target)"
+_EVICTED_FULL = ("not cached (evicted: the cache device is full (before the quota): free space on it or lower "
+                 "tieredstore.levels[].quota)")
+
+
+def _device_full_count(source) -> int:
+    """Writes of ``source``'s own tiered store that met a full device so far (0 for a source
+    whose blocks live on cache workers: they report their own)."""
+    return sum(getattr(level, "full_bypasses", 0) for level in getattr(getattr(source, "store", None), "levels", ()))
 
 
 def close_after(client, result: WarmupResult | None) -> None:
