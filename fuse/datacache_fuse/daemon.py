@@ -28,6 +28,7 @@ option values of mounts or secrets (the core redacts secrets from UFS errors).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -389,18 +390,22 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     watched = _watched_pid()
+    # Written before the mount answers: whoever sees the mount live (the background launcher,
+    # then 'datacache unmount') finds its daemon.
+    state_file = state_path(home, mountpoint)
+    _write_state(state_file, {"pid": os.getpid(), "dataset": dataset, "namespace": namespace,
+                              "mountpoint": mountpoint, "log": logfile,
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     try:
         session = server.start()
     except FuseMountError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(state_file)
         raise MountError(f"cannot mount at {mountpoint}: {err.strerror} (is /dev/fuse there, and fusermount3 "
                          f"installed? see {logfile})") from None
-    state_file = state_path(home, mountpoint)
     ours = mountinfo.mounted_at(mountpoint)  # this session's mount (its dev tells it from later ones)
     try:
         os.chdir("/")  # do not pin the caller's working directory
-        _write_state(state_file, {"pid": os.getpid(), "dataset": dataset, "namespace": namespace,
-                                  "mountpoint": mountpoint, "log": logfile,
-                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         mode = "no-open mode" if ops.no_open else "a file handle per open"
         log.info("mounted %s/%s at %s (FUSE 7.%d, %s, options %s)", namespace, dataset, mountpoint,
                  session.kernel.minor, mode + (", passthrough of complete cached files" if session.passthrough else ""),

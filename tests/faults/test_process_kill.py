@@ -143,8 +143,9 @@ def test_fuse_daemon_killed_during_reads(crash_ds, tmp_path):
     Env.home = home
     try:
         for rnd in range(FUSE_ROUNDS):
-            mount(Env, mp)  # over the dead mount of the previous round: replaced (case C11)
-            pid = daemon_pid(home, mp)
+            printed = mount(Env, mp)  # over the dead mount of the previous round: replaced (case C11)
+            pid = daemon_pid(home, mp)  # known as soon as the mount answers
+            assert pid == printed
             deadline = time.monotonic() + rng.uniform(0.1, 0.8)
             killed = False
             for name in rng.sample(names, len(names)):
