@@ -2,15 +2,16 @@
 #                 make test   (set everything up, then run the tests)
 #
 # `system` installs the Debian packages the tests use for real (FUSE's fusermount3, nginx as an
-# HTTP source, OpenSSH for SFTP, rclone and s3fs-fuse as peers) only when one is missing; it needs
-# root (CI runs as root) or password-less sudo. `venv` makes .venv and installs this project with
-# its dev extras, again only when pyproject.toml changed since the last install.
+# HTTP source, OpenSSH for SFTP, rclone and s3fs-fuse as peers, fio for the benchmarks' smoke
+# test) only when one is missing; it needs root (CI runs as root) or password-less sudo. `venv`
+# makes .venv and installs this project with its dev extras, again only when pyproject.toml
+# changed since the last install.
 
 SHELL       := /bin/bash
 PYTHON      ?= python3
 VENV        := .venv
 STAMP       := $(VENV)/.installed
-DEB_PACKAGES := fuse3 attr nginx openssh-server sshfs rclone s3fs
+DEB_PACKAGES := fuse3 attr nginx openssh-server sshfs rclone s3fs fio
 # Each long step says what it does before it starts (a silent install looks hung).
 say          = @echo "==> [$$(date +%H:%M:%S)] $(1)"
 

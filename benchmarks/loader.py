@@ -59,12 +59,15 @@ class Opener:
     protocol: str = ""
     options: dict = field(default_factory=dict)
     probe: str = ""  # a dataset path looked up at set-up, so that opening the client is not timed
+    # (dataset path prefix, prefix): paths under the first are named under the second instead
+    routes: tuple[tuple[str, str], ...] = ()
 
     def name(self, path: str) -> str:
         if not path.startswith(self.strip):
             raise ValueError(f"{path!r} does not start with {self.strip!r}")
         rest = path[len(self.strip):]
-        return os.path.join(self.prefix, rest) if self.kind == "path" else self.prefix + rest
+        prefix = next((to for start, to in self.routes if path.startswith(start)), self.prefix)
+        return os.path.join(prefix, rest) if self.kind == "path" else prefix + rest
 
     def setup(self) -> Any:
         """The client: None for paths, an fsspec filesystem (not shared with fsspec's instance cache)."""

@@ -147,31 +147,33 @@ def test_fuse_read_benchmark_tiny(capsys):
     from benchmarks import fuse_read
     from datacache.mountinfo import mounts
 
-    args = fuse_read.parse_args(["--files", "30", "--file-mib", "6", "--repeat", "1", "--cold-small"])
+    args = fuse_read.parse_args(["--files", "30", "--file-mib", "6", "--repeat", "1"])
     bench = fuse_read.FuseReadBench(args, lambda s: None)
     bench.run()
     assert not [m for m in mounts() if m.mountpoint.startswith(bench.work + os.sep)]  # this run's only
     assert not os.path.exists(bench.work)  # the temporary directory is gone
     kinds = sorted(m.kind for m in bench.mounts.mounts)
-    assert kinds == ["datacache", "datacache", "rclone"]
+    assert kinds == ["datacache", "datacache", "datacache", "rclone"]
     for m in bench.mounts.mounts:
         assert m.peak_rss_mib is not None and m.peak_rss_mib > 10, m
         assert not fuse_read.alive(m.pid)
     rows = {k: r for k, r in bench.rows.items()}
     workloads = {w for w, _ in rows}
-    assert len(workloads) == 4
+    assert len(workloads) == 8  # large: dropped/epoch 2, memmap, safetensors, fio; small: warm, raw, dropped
     for (w, system), r in rows.items():
         assert len(r.passes) == 1
         p = r.passes[0]
-        if w.startswith("large"):
-            assert p.nbytes == 6 << 20 and p.files == 1
+        if w.startswith("safetensors"):
+            assert p.nbytes == 3 << 20 and p.files == 1  # tensors of half the large file's size
+        elif not w.startswith("30 files"):
+            assert p.nbytes == 6 << 20 and p.files == 1, w
         else:
             assert p.nbytes == 30 * fuse_read.SMALL_FILE_BYTES and p.files == 30
         assert p.seconds > 0 and p.mb_s > 0
-    assert sum(r.role == "subject" for r in rows.values()) == 4
+    assert sum(r.role == "subject" for r in rows.values()) == 9
     assert sum(r.role == "peer" for r in rows.values()) == 2  # rclone, warm and page cache dropped
     text, met, goals = bench.table()
-    assert goals == 4 and 0 <= met <= goals
+    assert goals == 9 and 0 <= met <= goals
     assert "x direct" in text and "x rclone" in text and "(ceiling)" in text
 
 
