@@ -13,7 +13,7 @@ import os
 import click
 
 from datacache import mountinfo
-from datacache_fuse.daemon import MountError, check_empty, log_path, make_mountpoint, serve
+from datacache_fuse.daemon import MountError, check_empty, log_path, make_mountpoint, read_state, serve
 from datacache_fuse.launcher import daemon_argv, start_background, supervise
 from datacache_fuse.launcher import unmount as _unmount
 from datacache.mountinfo import MountState
@@ -126,6 +126,9 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
             pid = start_background(argv, mountpoint, logfile, timeout)
             what = "supervisor" if restart else "daemon"
             click.echo(f"mounted {namespace}/{dataset} at {mountpoint} ({what} pid {pid}, log {logfile})")
+            state = read_state(home, mountpoint)
+            if state and state.get("readMode"):
+                click.echo(f"read mode: {state['readMode']}")
         elif restart:
             from datacache_fuse.daemon import setup_logging
 

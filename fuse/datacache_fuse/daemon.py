@@ -72,8 +72,9 @@ def state_path(home: str, mountpoint: str) -> str:
 
 
 def read_state(home: str, mountpoint: str) -> dict | None:
-    """``{"pid", "dataset", "namespace", "mountpoint", "log", "started"}`` of the daemon serving
-    ``mountpoint``, or None when there is none (or it is gone)."""
+    """``{"pid", "dataset", "namespace", "mountpoint", "log", "started", "readMode"}`` of the
+    daemon serving ``mountpoint`` (``readMode``: the :func:`read_mode_line`), or None when there
+    is none (or it is gone)."""
     try:
         with open(state_path(home, mountpoint), encoding="utf-8") as f:
             state = json.load(f)
@@ -159,6 +160,14 @@ def choose_read_mode(client) -> tuple[bool, str]:
     large = manifest.bytes_in_files_over(large_from)
     share = f"{100 * large // total if total else 0}% of {format_bytes(total)} in files over {format_bytes(large_from)}"
     return (total > 0 and 2 * large >= total), share
+
+
+def read_mode_line(handles: bool, why: str) -> str:
+    """What a mount tells the user about its read mode: ``"passthrough (WHY)"`` or ``"no-open
+    (WHY)"``, naming ``--read-mode`` when the choice was automatic."""
+    mode = "passthrough" if handles else "no-open"
+    hint = "" if why == "as asked" else "; --read-mode passthrough|no-open forces one"
+    return f"{mode} ({why}{hint})"
 
 
 def _watched_pid() -> int | None:
@@ -345,15 +354,18 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
         cache = " + ".join(f"{level.mediumtype} {format_bytes(level.quota_bytes)}"
                            for level in runtime.spec.tieredstore.ordered_levels)
 
+        handles, why = (no_open is False, "as asked") if no_open is not None else choose_read_mode(client)
+        mode_line = read_mode_line(handles, why)
+        log.info("read mode: %s", mode_line)
+
         def mounted(mode: str) -> None:
             if announce is not None:
                 announce(f"mounted {namespace}/{dataset} at {mountpoint} (read-only, {mode}, cache {cache}), "
-                         "Ctrl-C to unmount")
+                         f"Ctrl-C to unmount\nread mode: {mode_line}")
 
-        handles, why = (no_open is False, "as asked") if no_open is not None else choose_read_mode(client)
-        log.info("read mode: %s (%s)", "passthrough" if handles else "no-open", why)
         _serve(client, namespace, dataset, mountpoint, opts, home, logfile, attr_timeout=fuse_spec.attr_timeout,
-               workers=workers, read_ahead_kib=read_ahead_kib, handles=handles, mounted=mounted)
+               workers=workers, read_ahead_kib=read_ahead_kib, handles=handles, mounted=mounted,
+               mode_line=mode_line)
     finally:
         if client is not None:
             client.close()
@@ -362,13 +374,14 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
 
 def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str], home: str, logfile: str, *,
            attr_timeout: float, workers: int, read_ahead_kib: int, handles: bool,
-           mounted: Callable[[str], None]) -> None:
+           mounted: Callable[[str], None], mode_line: str) -> None:
     """Mount, serve until unmounted or signalled (SIGTERM, SIGINT, SIGHUP unmount lazily and end
     the daemon), clean up. Options other than the ones the transport sets itself (``ro``,
     ``default_permissions``, ``fsname``, ``subtype``, ``allow_other``) go to the kernel as they
     are. ``handles``: an OPEN per file, passed through when it is held whole (``DatasetClient.local_file``); ``mounted``:
     called with the mode (``"no-open mode"``, ``"a file handle per open"``) once the mount
-    answers. With ``$DATACACHE_FUSE_WATCH_PID`` set, the exit of that process unmounts and ends
+    answers; ``mode_line``: the :func:`read_mode_line`, kept in the state file for the
+    background launcher to print. With ``$DATACACHE_FUSE_WATCH_PID`` set, the exit of that process unmounts and ends
     the daemon too (a killed test runner leaves no mount behind, issue 19.17)."""
     from datacache_fuse.kernel.mount import FuseMountError
     from datacache_fuse.kernel.server import FuseServer
@@ -395,7 +408,7 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
     state_file = state_path(home, mountpoint)
     _write_state(state_file, {"pid": os.getpid(), "dataset": dataset, "namespace": namespace,
                               "mountpoint": mountpoint, "log": logfile,
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "readMode": mode_line})
     try:
         session = server.start()
     except FuseMountError as err:
