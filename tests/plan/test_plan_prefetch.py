@@ -3,6 +3,7 @@ ahead of the reader; a read out of order is served as any other."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -46,22 +47,29 @@ def pics(datacache_home, tmp_path):
     plane.close()
 
 
-def _client(plane, threads: int):
+@contextlib.contextmanager
+def _following(plane, threads: int):
+    """``(client, follower, recording)``: a DatasetClient of "pics" whose PlanFollower prefetches
+    with ``threads`` threads at most ``AHEAD`` files ahead, its UFS recording what it fetched;
+    closed at exit."""
     paths = read_path(plane.home)
     client = paths.open_dataset("pics")
-    follower = next(r for r in client._readers if isinstance(r, PlanFollower))
-    follower.ahead_bytes, follower.threads = AHEAD * 1079, threads
-    follower.watcher.interval = 0
-    recording = client.source.ufs = RecordingUFS(client.source.ufs, delay=0.005)
-    return paths, client, follower, recording
+    try:
+        follower = next(r for r in client._readers if isinstance(r, PlanFollower))
+        follower.ahead_bytes, follower.threads = AHEAD * 1079, threads
+        follower.watcher.interval = 0
+        recording = client.source.ufs = RecordingUFS(client.source.ufs, delay=0.005)
+        yield client, follower, recording
+    finally:
+        client.close()
+        paths.close()
 
 
 def test_fetches_follow_the_plan_within_the_window(pics):
     plane, files = pics
     order = random.Random(5).sample(sorted(files), N)
     publish_plan(plane.paths, "pics", order)
-    paths, client, follower, recording = _client(plane, threads=1)
-    try:
+    with _following(plane, threads=1) as (client, follower, recording):
         for i, path in enumerate(order):
             fetched = list(recording.fetched)
             # nothing further than AHEAD files past the last file read (position i - 1)
@@ -74,17 +82,13 @@ def test_fetches_follow_the_plan_within_the_window(pics):
         assert 0 < prefetcher.peak_ahead <= AHEAD * 1079
         hits, misses = client.source.hit_counts()
         assert hits + misses == N and misses <= 2, (hits, misses)  # the first read may beat the prefetch
-    finally:
-        client.close()
-        paths.close()
 
 
 def test_a_read_out_of_order_is_served_and_moves_nothing(pics):
     plane, files = pics
     order = sorted(files)
     publish_plan(plane.paths, "pics", order)
-    paths, client, follower, recording = _client(plane, threads=2)
-    try:
+    with _following(plane, threads=2) as (client, follower, recording):
         for path in order[:6]:
             assert client.read(client.stat(path), 0, 1 << 20) == files[path]
         stray = order[-1]  # 74 files ahead of the reader: out of order
@@ -98,9 +102,6 @@ def test_a_read_out_of_order_is_served_and_moves_nothing(pics):
         withdraw_plans(plane.home, "pics")
         client.read(client.stat(order[6]), 0, 10)
         assert follower.prefetchers == {} and disk.rank_victims is None  # no plan: LRU again
-    finally:
-        client.close()
-        paths.close()
 
 
 def test_a_changed_file_is_prefetched_at_its_new_version(pics, tmp_path):
@@ -111,8 +112,7 @@ def test_a_changed_file_is_prefetched_at_its_new_version(pics, tmp_path):
     (tmp_path / "src-pics" / changed).write_bytes(new)
     plane.sync("pics")
     publish_plan(plane.paths, "pics", order)
-    paths, client, follower, recording = _client(plane, threads=2)
-    try:
+    with _following(plane, threads=2) as (client, follower, recording):
         with client.open(order[0]) as f:
             f.read()
         deadline = time.monotonic() + 10
@@ -122,37 +122,28 @@ def test_a_changed_file_is_prefetched_at_its_new_version(pics, tmp_path):
         assert client.read(client.stat(changed), 0, 1 << 20) == new
         assert recording.fetched.count("003.jpg") == 1  # the new version was there: a hit
         assert client.cached_fraction(client.stat(changed)) == 1.0
-    finally:
-        client.close()
-        paths.close()
 
 
 def test_one_process_per_node_prefetches_a_plan(pics):
     plane, files = pics
     order = sorted(files)
     publish_plan(plane.paths, "pics", order)
-    first, second = _client(plane, threads=1), _client(plane, threads=1)  # as two DataLoader workers
-    try:
-        for _, client, _, _ in (first, second):
+    with _following(plane, threads=1) as first, _following(plane, threads=1) as second:  # two DataLoader workers
+        for client, _, _ in (first, second):
             client.read(client.stat(order[0]), 0, 10)
-        assert len(first[2].prefetchers) == 1 and second[2].prefetchers == {}
-        assert first[2].cursors[0].position == second[2].cursors[0].position == 0  # both follow the plan
-        first[1].close()  # the prefetching process goes: the next plan is taken by another
+        assert len(first[1].prefetchers) == 1 and second[1].prefetchers == {}
+        assert first[1].cursors[0].position == second[1].cursors[0].position == 0  # both follow the plan
+        first[0].close()  # the prefetching process goes: the next plan is taken by another
         publish_plan(plane.paths, "pics", order[::-1])
-        second[1].read(second[1].stat(order[-1]), 0, 10)
-        assert len(second[2].prefetchers) == 1
-    finally:
-        for paths, client, _, _ in (first, second):
-            client.close()
-            paths.close()
+        second[0].read(second[0].stat(order[-1]), 0, 10)
+        assert len(second[1].prefetchers) == 1
 
 
 def test_the_slowest_reader_on_the_node_sets_the_position(pics):
     plane, files = pics
     order = sorted(files)
     _, path = publish_plan(plane.paths, "pics", order)
-    paths, client, follower, recording = _client(plane, threads=1)
-    try:
+    with _following(plane, threads=1) as (client, follower, recording):
         plans = os.path.dirname(path)
         client.read(client.stat(order[0]), 0, 10)
         (cursor,) = follower.cursors
@@ -172,9 +163,6 @@ def test_the_slowest_reader_on_the_node_sets_the_position(pics):
         assert cursor.position == 4
         publish_plan(plane.paths, "pics", order[::-1])  # a new plan drops the old positions
         assert not os.path.exists(slow) and not os.path.exists(stale)
-    finally:
-        client.close()
-        paths.close()
 
 
 def test_the_window_follows_the_measured_pace():
