@@ -78,6 +78,7 @@ import uuid
 from datacache import private
 from datacache.cache.blocks import PIECE, PieceBlock, checksum
 from datacache.cache.extents import punch_hole, read_pieces, read_range, will_need, write_range
+from datacache.cache.openfiles import OpenFiles
 
 log = logging.getLogger(__name__)
 RECHECK_S = 30.0  # seconds an unhealthy tier is left alone before a write is tried again
@@ -211,6 +212,7 @@ class DiskTier:
         self._db = self._ro = None  # index connections (writes; per-thread lookups); None while unusable
         self._rows: dict[str, tuple[str, int, int, str]] = {}  # key -> :meth:`_row` of a recent hit
         self._checked: set[str] = set()  # cache files this instance checked whole (open_whole)
+        self._open_files = OpenFiles()  # small cache files kept open between block reads
         self.evictions = 0
         self.corrupt = 0
         self.lost = 0
@@ -447,7 +449,7 @@ class DiskTier:
         if self._ro is None:
             return None
         try:
-            found = self._at_row(key, functools.partial(_read_verified, pieces=pieces))
+            found = self._at_row(key, functools.partial(_read_verified, self._open_files, pieces=pieces))
         except FileNotFoundError as err:
             # Evicted since the SELECT, or the file was lost: drop the block if its row still
             # names that file, else the refill's put would find the row and never write again.
@@ -739,6 +741,7 @@ class DiskTier:
         for index, _ in doomed:
             self._rows.pop(join_key(file, index), None)
         path = os.path.join(self.files, name)
+        self._open_files.forget(path)  # so that the space goes with the unlink
         if whole:
             self._checked.discard(name)
             with contextlib.suppress(FileNotFoundError):
@@ -861,6 +864,7 @@ class DiskTier:
             self.flush_accesses()
         _close(self._db, self._ro, self._lock_fd)
         self._db = self._ro = None
+        self._open_files.close()
 
 
 class _Readers:
@@ -903,10 +907,13 @@ def _first(cursor: sqlite3.Cursor) -> tuple | None:
     return rows[0] if rows else None
 
 
-def _read_verified(row: tuple[str, int, int, str], pieces: bool) -> tuple[PieceBlock | bytes, str]:
+def _read_verified(open_files: OpenFiles, row: tuple[str, int, int, str],
+                   pieces: bool) -> tuple[PieceBlock | bytes, str]:
     """``(the block's bytes, their xxh3-64 hex digest)`` for a :meth:`DiskTier._row`; in pieces
-    when asked for and the block is longer than one."""
-    if pieces and row[2] > PIECE:
-        return read_pieces(row[0], row[1], row[2])
-    data = read_range(row[0], row[1], row[2])
+    when asked for and the block is longer than one. Raises ``OSError`` (``FileNotFoundError``:
+    the cache file is gone)."""
+    with open_files.using(row[0]) as fd:
+        if pieces and row[2] > PIECE:
+            return read_pieces(fd, row[1], row[2])
+        data = read_range(fd, row[1], row[2])
     return data, checksum(data)

@@ -21,8 +21,9 @@ FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 
 
-def _pread_full(fd: int, size: int, offset: int) -> bytes:
-    """Up to ``size`` bytes at ``offset``: shorter only at EOF (a file truncated behind us)."""
+def read_range(fd: int, offset: int, size: int) -> bytes:
+    """Up to ``size`` bytes at ``offset`` of the open file ``fd``: shorter only at EOF (a file
+    truncated behind us: the caller's checksum then finds them wrong). Raises ``OSError``."""
     data = os.pread(fd, size, offset)
     while 0 < len(data) < size:  # a short read of a regular file: a signal, or EOF
         more = os.pread(fd, size - len(data), offset + len(data))
@@ -30,17 +31,6 @@ def _pread_full(fd: int, size: int, offset: int) -> bytes:
             break
         data += more
     return data
-
-
-def read_range(path: str, offset: int, size: int) -> bytes:
-    """The ``size`` bytes at ``offset`` of the file at ``path`` (fewer when the file ends
-    earlier: the caller's checksum then finds them wrong). Raises ``OSError``
-    (``FileNotFoundError`` when the file is gone)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return _pread_full(fd, size, offset)
-    finally:
-        os.close(fd)
 
 
 @functools.cache
@@ -54,27 +44,23 @@ def _prime_malloc() -> None:
     bytearray(16 << 20)
 
 
-def read_pieces(path: str, offset: int, size: int) -> tuple[PieceBlock, str]:
+def read_pieces(fd: int, offset: int, size: int) -> tuple[PieceBlock, str]:
     """As :func:`read_range`, in :data:`PIECE`-byte reads for a reader: ``(the block, the xxh3-64
     hex digest of every byte read)``, each piece hashed while it is still in the CPU's cache (one
     hash of a 4 MiB block read in one go runs from memory, ~3x the cost)."""
     _prime_malloc()
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        digest = xxhash.xxh3_64()  # streaming xxh3 equals the one-shot checksum() of the whole
-        pieces = []
-        got = 0
-        while got < size:
-            want = min(PIECE, size - got)
-            piece = _pread_full(fd, want, offset + got)
-            digest.update(piece)
-            pieces.append(piece)
-            got += len(piece)
-            if len(piece) < want:
-                break
-        return PieceBlock(tuple(pieces)), digest.hexdigest()
-    finally:
-        os.close(fd)
+    digest = xxhash.xxh3_64()  # streaming xxh3 equals the one-shot checksum() of the whole
+    pieces = []
+    got = 0
+    while got < size:
+        want = min(PIECE, size - got)
+        piece = read_range(fd, offset + got, want)
+        digest.update(piece)
+        pieces.append(piece)
+        got += len(piece)
+        if len(piece) < want:
+            break
+    return PieceBlock(tuple(pieces)), digest.hexdigest()
 
 
 def write_range(path: str, offset: int, data: bytes | memoryview, mode: int) -> None:

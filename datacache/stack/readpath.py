@@ -31,6 +31,7 @@ from datacache.dataset_client import DatasetClient
 from datacache.dataset_namespace import DatasetNamespace
 from datacache.cluster import membership
 from datacache.errors import ResourceError
+from datacache.file_readahead import FileReadAhead
 from datacache.manifest import Manifest
 from datacache.plan.follow import PlanFollower
 from datacache.stack import layout, refreshed, syncmark
@@ -210,4 +211,5 @@ class ReadPath:
         client = DatasetClient(names, source, readahead=runtime.spec.fuse.read_ahead_blocks,
                                files=functools.partial(self.file_tier, runtime))
         client.on_read(PlanFollower(client, directory))  # prefetch and evict by a published plan
+        client.on_read(FileReadAhead(names, source))  # prefetch the next files of a scan in name order
         return client

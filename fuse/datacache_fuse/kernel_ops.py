@@ -280,32 +280,38 @@ class DatasetOperations(Operations):
         local = self.client.local_file(node.entry) if self.passthrough else None
         return OpenOut(fh=fh, keep_cache=True, passthrough=local)
 
-    def _reader(self, ino: int) -> Handle:
-        """No-open mode: the handle of ``ino``, made on its first read. At most ``INODE_READERS``
-        are kept; the least recently read idle ones are closed first."""
+    def _reader(self, ino: int) -> tuple[Handle, bool]:
+        """No-open mode: ``(the handle of ino, whether it was made now)``, made on its first read
+        (opening tells the client's read listeners). At most ``INODE_READERS`` are kept; the least
+        recently read idle ones are closed first."""
         with self._lock:
             handle = self._readers.get(ino)
             if handle is not None:
                 self._readers.move_to_end(ino)
-                return handle
+                return handle, False
             node = self.inodes.node(ino)
         if node.entry is None:
             raise OSError(errno.EISDIR, "is a directory")
         new = Handle(self.client.open_entry(node.entry), ino, threading.Lock())
         with self._lock:
             handle = self._readers.setdefault(ino, new)
+            old = []
             excess = len(self._readers) - INODE_READERS
-            old = [i for i, h in self._readers.items() if not h.lock.locked() and h is not handle][:max(excess, 0)]
+            for i, h in self._readers.items() if excess > 0 else ():  # least recently read first
+                if not h.lock.locked() and h is not handle:
+                    old.append(i)
+                    if len(old) == excess:
+                        break
             dropped = [self._readers.pop(i) for i in old]
         for h in ([new] if handle is not new else []) + dropped:
             h.file.close()
-        return handle
+        return handle, handle is new
 
     def read(self, ino: int, fh: int, offset: int, size: int):
-        handle = self._reader(ino) if self.no_open or fh == 0 else self._files.get(fh)
+        handle, told = self._reader(ino) if self.no_open or fh == 0 else (self._files.get(fh), True)
         if handle is None:
             raise OSError(errno.EBADF, "unknown file handle")
-        if offset == 0:  # a file's read starts: the plan's position and the trace (datacache.plan)
+        if offset == 0 and not told:  # a file's read starts again: the plan's position, the trace
             self.client.reading(handle.file.entry)
         with handle.lock:
             code = handle.repeat_failure(offset, size)  # see datacache_fuse.handles
