@@ -94,6 +94,15 @@ class LocalBlockSource:
         if not self.store.advise(key):  # cached blocks are only read ahead by the kernel
             self._single_flight(key, entry, index, blocking=False, background=True)
 
+    def verify(self, entry: FileEntry, index: int) -> bool | None:
+        """Check block ``index`` of ``entry`` against its recorded checksum (it is read; the check
+        ``fill`` makes with ``check``): None when it is not cached, True when it passes, False
+        when it failed and was dropped (the next read refetches it; ``datacache verify``)."""
+        key = str(self.key(entry, index))
+        if key not in self.store:
+            return None
+        return self.store.verify(key)
+
     def fill(self, entry: FileEntry, first: int, last: int, check: bool = False) -> int:
         """Warmup: make blocks ``first..last`` (inclusive) cached with one UFS read of the missing
         span. A block counts as cached when its file is there at its size, or with ``check`` when
