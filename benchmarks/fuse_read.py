@@ -253,11 +253,13 @@ class Mounts:
 
     mounts: list[Mount] = field(default_factory=list)
 
-    def datacache(self, label: str, home: str, mountpoint: str) -> Mount:
+    def datacache(self, label: str, home: str, mountpoint: str, *extra: str, dataset: str = DATASET) -> Mount:
+        """``datacache mount DATASET MOUNTPOINT --background`` with ``extra`` options (``--read-mode
+        passthrough``), recorded for :meth:`cleanup`. Raises RuntimeError when it fails."""
         from datacache_fuse.daemon import read_state
 
         os.makedirs(mountpoint, exist_ok=True)
-        cmd = [sys.executable, "-m", "datacache", "mount", DATASET, mountpoint, "--background", "--home", home]
+        cmd = [sys.executable, "-m", "datacache", "mount", dataset, mountpoint, "--background", "--home", home, *extra]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
                            check=False)
         m = re.search(r"daemon pid (\d+)", r.stdout)
