@@ -7,15 +7,13 @@ tiers check it on every disk read, but bytes handed out as a whole file (kernel 
 out. A scrub reads every stored block once, as ``juicefs warmup --check`` does for its cached
 blocks, so damage on the device is found without waiting for a restart.
 
-What it checks, by block source:
-- in-process (``LocalBlockSource``): every stored block of the selected file versions, through
-  the same checked read as ``warmup --check`` (:meth:`TieredStore.verify`). A bad block is dropped;
-  in a cache file once handed out whole (passed through), dropping one block unlinks the whole file
-  (see :mod:`datacache.cache.disk`): readers holding it keep their bytes, the next open reads
-  through the blocks and refetches what is gone;
-- cache workers (``ClusterBlockSource``): this node's file tier copies of the selected versions
-  (:meth:`FileTier.verify`); the workers' blocks are not read here (``warmup --check`` has each
-  worker check, and reload, its own).
+What it checks: every stored copy of the blocks of the selected file versions, through the same
+checked read as ``warmup --check`` (:meth:`TieredStore.check`): in this process's cache, or with
+cache workers on every live worker (each reads its own copies, ``POST /v1/verify``). A bad block
+is dropped; in a cache file once handed out whole (passed through), dropping one block unlinks the
+whole file (see :mod:`datacache.cache.disk`): readers holding it keep their bytes, the next open
+reads through the blocks and refetches what is gone. With workers, this node's file-tier copies of
+the selected versions are checked too (:meth:`FileTier.verify`).
 
 Nothing is fetched from the UFS: a scrub only drops.
 """
@@ -30,28 +28,30 @@ from datacache.manifest import FileEntry
 
 @dataclass
 class FileScrub:
-    """One file version's scrub: ``blocks``/``bytes`` checked, ``bad``: indexes of blocks that
-    failed their checksum, ``dropped_bytes``: bytes no longer cached after it (the bad blocks,
-    and the rest of a passed-through cache file dropped whole with them); for a worker runtime,
-    ``whole``: a file-tier copy was checked, ``copy_failed``: it failed and was dropped."""
+    """One file version's scrub: ``blocks``/``bytes`` checked (block copies: a block held by two
+    workers counts twice), ``bad``: indexes of blocks a copy of which failed its checksum,
+    ``dropped_bytes``: bytes no longer cached after it (the bad blocks, and the rest of a
+    passed-through cache file dropped whole with them); ``copy_failed``: this node's file-tier copy
+    failed its check and was dropped (its bytes count in ``dropped_bytes``); ``copies``: file-tier
+    copies checked (0 or 1)."""
 
     path: str
     blocks: int = 0
     bytes: int = 0
     bad: list[int] = field(default_factory=list)
     dropped_bytes: int = 0
-    whole: bool = False
     copy_failed: bool = False
+    copies: int = 0
 
 
 @dataclass
 class ScrubResult:
     """A scrub's outcome: ``files`` (versions with something cached), ``errors`` (targets that
-    name nothing), ``blocks_on_workers``: True when the blocks live on cache workers (not read)."""
+    name nothing, workers that could not check their blocks), ``copies``: file-tier copies checked."""
 
     files: list[FileScrub]
     errors: list[str]
-    blocks_on_workers: bool = False
+    copies: int = 0
 
     def total(self, name: str) -> int:
         """Sum over files of ``blocks``, ``bytes`` or ``dropped_bytes``; ``bad``: bad blocks."""
@@ -66,7 +66,8 @@ class ScrubResult:
 def scrub(client, targets: list[str] | None = None) -> ScrubResult:
     """Check ``targets`` (dataset paths, directories or globs; default the whole dataset) of
     ``client`` (a DatasetClient) as the module docstring says. Never raises for a target that
-    names nothing: it is in ``errors``. Raises ``OSError`` from a failing cache directory."""
+    names nothing, nor for a worker that cannot check its copies: they are in ``errors``. Raises
+    ``OSError`` from a failing file tier."""
     entries: dict[str, FileEntry] = {}
     errors = []
     for target in targets or [""]:
@@ -79,43 +80,41 @@ def scrub(client, targets: list[str] | None = None) -> ScrubResult:
             errors.append(f"{target}: no such file, directory or match in dataset {client.name!r} as of its "
                           "last metadata sync")
         entries.update((e.path, e) for e in found)
-    source = client.source
-    if not hasattr(source, "verify"):  # cache workers: this node's whole-file copies only
-        tier = client.files
-        files = [] if tier is None else [_scrub_copy(tier, source, e) for e in entries.values()]
-        return ScrubResult([f for f in files if f.whole], errors, blocks_on_workers=True)
-    files = [_scrub_blocks(client, e) for e in entries.values()]
-    return ScrubResult([f for f in files if f.blocks], errors)
+    tier = None if getattr(client.source, "local_file", None) else client.files  # workers: this node's copies
+    files = []
+    for entry in entries.values():
+        result = FileScrub(entry.path)
+        try:
+            _scrub_blocks(client, entry, result)
+        except OSError as err:  # a worker that could not check its copies (the others did)
+            errors.append(str(err))
+        if tier is not None:
+            _scrub_copy(tier, client.source, entry, result)
+        files.append(result)
+    return ScrubResult([f for f in files if f.blocks or f.copies], errors, copies=sum(f.copies for f in files))
 
 
-def _scrub_blocks(client, entry: FileEntry) -> FileScrub:
-    """Read every stored block of ``entry``'s version once through the checked path."""
-    source, bs = client.source, client.block_size
-    result = FileScrub(entry.path)
-    held = [i for i in range(block_count(entry.size, bs)) if source.is_cached(entry, i)]
-    before = sum(_length(entry, i, bs) for i in held)
-    for i in held:
-        ok = source.verify(entry, i)
-        if ok is None:  # gone meanwhile: evicted, or dropped with its whole file
-            continue
-        result.blocks += 1
-        result.bytes += _length(entry, i, bs)
-        if not ok:
-            result.bad.append(i)
+def _scrub_blocks(client, entry: FileEntry, result: FileScrub) -> None:
+    """Check every stored copy of ``entry``'s blocks once through the checked read, into ``result``."""
+    before = client.cached_file_bytes(entry)
+    if not before:
+        return
+    copies = client.source.verify(entry)
+    result.blocks = len(copies)
+    result.bytes = sum(_length(entry, i, client.block_size) for i, _ in copies)
+    result.bad = sorted({i for i, ok in copies if not ok})
     if result.bad:
         result.dropped_bytes = max(before - client.cached_file_bytes(entry), 0)
-    return result
 
 
-def _scrub_copy(tier, source, entry: FileEntry) -> FileScrub:
-    """Check the file tier's copy of ``entry``'s version, if it holds one."""
+def _scrub_copy(tier, source, entry: FileEntry, result: FileScrub) -> None:
+    """Check this node's file-tier copy of ``entry``'s version, if there is one, into ``result``."""
     fid = source.key(entry, 0).file_id
-    result = FileScrub(entry.path, whole=tier.contains(fid))
-    if result.whole:
-        result.blocks, result.bytes = block_count(entry.size, source.block_size), entry.size
+    if tier.contains(fid):
+        result.copies += 1
         if tier.verify(fid):
-            result.copy_failed, result.dropped_bytes = True, entry.size
-    return result
+            result.copy_failed = True
+            result.dropped_bytes += entry.size
 
 
 def _length(entry: FileEntry, index: int, block_size: int) -> int:

@@ -61,9 +61,9 @@ def verify(dataset, paths, namespace, home):
 
     Prints what it checked and dropped, naming each file and block dropped. Exits 1 when it dropped
     something (as fsck(8) does for errors it corrected; warmup also exits 1 when the cache does not
-    hold all it should) or a path names nothing, else 0. Workers' blocks are not read: for a runtime
-    with cache workers only this node's file-tier copies are checked (`datacache warmup --check`
-    has the workers check and reload theirs).
+    hold all it should), a path names nothing or a cache worker could not check its blocks, else
+    0. With cache workers, each live worker checks its own copies, and this node's file-tier
+    copies are checked too.
     """
     from datacache.api.quantity import format_bytes
     from datacache.scrub import scrub
@@ -74,20 +74,16 @@ def verify(dataset, paths, namespace, home):
     finally:
         client.close()
     blocks, bad = result.total("blocks"), result.total("bad")
-    what = (f"{len(result.files)} file-tier copies ({format_bytes(result.total('bytes'))})"
-            if result.blocks_on_workers else
-            f"{blocks} block{'' if blocks == 1 else 's'} ({format_bytes(result.total('bytes'))}) "
-            f"of {len(result.files)} files")
-    click.echo(f"dataset.datacache.io/{dataset} verified: {what} checked, "
+    copies = f", {result.copies} file-tier cop{'y' if result.copies == 1 else 'ies'}" if result.copies else ""
+    click.echo(f"dataset.datacache.io/{dataset} verified: {blocks} block{'' if blocks == 1 else 's'} "
+               f"({format_bytes(result.total('bytes'))}) of {len(result.files)} files{copies} checked, "
                f"{bad} block{'' if bad == 1 else 's'} failed the checksum, "
                f"{format_bytes(result.total('dropped_bytes'))} dropped")
     for f in result.damaged:
-        failed = (f"block{'' if len(f.bad) == 1 else 's'} {', '.join(map(str, f.bad))}" if f.bad
-                  else "its file-tier copy")
-        click.echo(f"  {f.path}: {failed} failed the checksum: dropped {format_bytes(f.dropped_bytes)} "
-                   "(the next read fetches it again)")
-    if result.blocks_on_workers:
-        click.echo("  blocks held by the cache workers were not read: `datacache warmup --check` checks them")
+        failed = [f"block{'' if len(f.bad) == 1 else 's'} {', '.join(map(str, f.bad))}"] if f.bad else []
+        failed += ["its file-tier copy"] if f.copy_failed else []
+        click.echo(f"  {f.path}: {' and '.join(failed)} failed the checksum: dropped "
+                   f"{format_bytes(f.dropped_bytes)} (the next read fetches it again)")
     for error in result.errors:
         click.echo(f"error: {error}", err=True)
     sys.exit(1 if result.damaged or result.errors else 0)
