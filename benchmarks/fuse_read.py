@@ -265,11 +265,14 @@ class Mounts:
 
     mounts: list[Mount] = field(default_factory=list)
 
-    def datacache(self, label: str, home: str, mountpoint: str, read_mode: str = "auto") -> Mount:
+    def datacache(self, label: str, home: str, mountpoint: str, read_mode: str = "auto",
+                  dataset: str = DATASET) -> Mount:
+        """``datacache mount DATASET MOUNTPOINT --background --read-mode READ_MODE``, recorded for
+        :meth:`cleanup`. Raises RuntimeError when it fails."""
         from datacache_fuse.daemon import read_state
 
         os.makedirs(mountpoint, exist_ok=True)
-        cmd = [sys.executable, "-m", "datacache", "mount", DATASET, mountpoint, "--background", "--home", home,
+        cmd = [sys.executable, "-m", "datacache", "mount", dataset, mountpoint, "--background", "--home", home,
                "--read-mode", read_mode]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
                            check=False)

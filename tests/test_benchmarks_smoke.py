@@ -10,6 +10,8 @@
 - ``benchmarks.fuse_read``: one run at tiny sizes with every system (datacache mounts, rclone,
   direct), checking that every row has measured figures, that the daemons' peak RSS was read, and
   that no mount or process is left behind.
+- ``benchmarks.cluster_passthrough``: one run at a tiny size (3 workers, a passthrough mount): every
+  row measured, the passthrough read costs the daemon no READ, nothing is left behind.
 - ``benchmarks.read_path``: one run at tiny sizes; every system's bytes are checked inside the
   readers (sha256 per file), every row of both workloads has a positive rate, the SSD tier's block
   files read raw are compared with the local copy and carry no goal.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -197,6 +200,37 @@ def test_read_path_benchmark_tiny(capsys):
         layout = rows[(workload, "SSD tier block files, raw read()")]
         assert layout[-1] == "(cache layout)" and float(layout[5].rstrip("x")) > 0
     assert "goals met: " in out and "/10" in out
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() != 0, reason="needs /dev/fuse and root (drop_caches)")
+def test_cluster_passthrough_benchmark_tiny(capsys, tmp_path):
+    from benchmarks import cluster_passthrough
+    from datacache.mountinfo import mounts
+
+    assert cluster_passthrough.main(["--size-mib", "16", "--repeat", "1", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("  ") if c.strip()]
+        if cells and cells[0].startswith(("first open", "later open", "local copy")):
+            rows[cells[0].split(",")[0]] = cells
+    assert sorted(rows) == ["first open", "later open", "local copy"], out
+    assert all(float(cells[1].split()[0]) > 0 for cells in rows.values()), out
+    assert int(rows["first open"][-1]) >= 16  # 16 MiB through READ: at least one request per MiB
+    assert int(rows["later open"][-1]) < 8, out  # passed through: no READ (a few reads of other threads)
+    passed = re.search(r"opens passed through: (\d+)", out)
+    assert passed and int(passed.group(1)) >= 1, out
+    assert not os.listdir(tmp_path)  # the temporary directory is gone
+    assert not [m for m in mounts() if m.mountpoint.startswith(str(tmp_path))]
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(tmp_path).encode() in f.read():
+                    left.append(pid)
+        except OSError:
+            pass
+    assert not left, left  # workers and daemon stopped
 
 
 def test_proxy_answers_502_when_the_upstream_is_down_and_stops_its_child():

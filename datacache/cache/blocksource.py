@@ -57,6 +57,11 @@ class BlockSource(Protocol):
         loaded again). Raises the UFS's error, or ``OSError(ENOSPC)`` when the cache cannot keep
         a block."""
 
+    def verify(self, entry: FileEntry) -> list[tuple[int, bool]]:
+        """The scrub (``datacache verify``): every stored copy of the version's blocks is read and
+        checked against its recorded checksum, a failing one dropped (the next read refetches it);
+        ``(index, passed)`` per copy checked. Fetches nothing."""
+
     def is_cached(self, entry: FileEntry, index: int) -> bool:
         """Whether block ``index`` is held where a read finds it (on disk: its file is there at
         its size, not only named by the cache's index)."""

@@ -34,7 +34,7 @@ Where the file system cannot punch holes, the whole file goes.
 Integrity: every block read through :meth:`DiskTier.get` is checked against its xxh3-64; a corrupt
 block is dropped and reported as a miss, so the caller refetches it. A whole file is checked block
 by block the first time this process hands it out (:meth:`DiskTier.open_whole`) and by
-:meth:`DiskTier.verify` (``datacache warmup --check``); reads through a handed-out file (kernel
+:meth:`DiskTier.verify` (``datacache verify``, ``warmup --check``); reads through a handed-out file (kernel
 passthrough, a plain file object) are not checked again (JuiceFS's ``--verify-cache-checksum``
 makes the same trade-off).
 
@@ -500,7 +500,7 @@ class DiskTier:
 
     def verify(self, key: str) -> bool:
         """Whether the block is stored and its bytes pass their checksum (the block is read;
-        ``datacache warmup --check``); a block that fails is dropped (see :meth:`get`)."""
+        ``datacache verify``, ``warmup --check``); a block that fails is dropped (see :meth:`get`)."""
         return self.get(key) is not None
 
     def block_file(self, key: str) -> str | None:

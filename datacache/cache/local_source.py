@@ -94,6 +94,17 @@ class LocalBlockSource:
         if not self.store.advise(key):  # cached blocks are only read ahead by the kernel
             self._single_flight(key, entry, index, blocking=False, background=True)
 
+    def verify(self, entry: FileEntry) -> list[tuple[int, bool]]:
+        """The scrub of ``entry``'s version (``datacache verify``): every stored block is read and
+        checked against its recorded checksum (the check ``fill`` makes with ``check``); returns
+        ``(index, passed)`` per block checked. A block that fails is dropped (the next read
+        refetches it); blocks dropped with it (a cache file handed out whole goes whole) are not
+        checked."""
+        fid = self.key(entry, 0).file_id
+        found = ((i, self.store.check(str(BlockKey(self.dataset, fid, i))))
+                 for i in range(block_count(entry.size, self.block_size)))
+        return [(i, ok) for i, ok in found if ok is not None]
+
     def fill(self, entry: FileEntry, first: int, last: int, check: bool = False) -> int:
         """Warmup: make blocks ``first..last`` (inclusive) cached with one UFS read of the missing
         span. A block counts as cached when its file is there at its size, or with ``check`` when

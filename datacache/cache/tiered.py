@@ -88,6 +88,11 @@ class TieredStore:
             return self._disk.verify(key)
         return key in self._mem
 
+    def check(self, key: str) -> bool | None:
+        """The scrub of one block (``datacache verify``): None when no level holds it, else
+        :meth:`verify` (read, checked, dropped when it fails)."""
+        return self.verify(key) if key in self else None
+
     def put(self, key: str, data: bytes) -> bool:
         """Store a block; False when no level could keep it (larger than every level's quota)."""
         if self._disk is not None:

@@ -1,4 +1,4 @@
-"""Data verbs: warmup, sync, ls, cat.
+"""Data verbs: warmup, verify, sync, ls, cat.
 
 Each command imports the control plane when it runs, not when the module loads: ``datacache
 --help`` and light commands stay fast (see ``tests/test_cli_latency.py``)."""
@@ -48,6 +48,45 @@ def warmup(dataset, paths, quiet, check, trace, namespace, home):
     from datacache.cli.warmupbar import run_warmup
 
     sys.exit(run_warmup(control_plane(home), dataset, list(paths), namespace, quiet, check, trace))
+
+
+@click.command()
+@click.argument("dataset")
+@click.argument("paths", nargs=-1)
+@namespace_option
+@home_option
+def verify(dataset, paths, namespace, home):
+    """Check every cached block of DATASET (or of PATHS inside it: files, directories, globs)
+    against its recorded checksum; drop the bad ones, so that the next read fetches them again.
+
+    Prints what it checked and dropped, naming each file and block dropped. Exits 1 when it dropped
+    something (as fsck(8) does for errors it corrected; warmup also exits 1 when the cache does not
+    hold all it should), a path names nothing or a cache worker could not check its blocks, else
+    0. With cache workers, each live worker checks its own copies, and this node's file-tier
+    copies are checked too.
+    """
+    from datacache.api.quantity import format_bytes
+    from datacache.scrub import scrub
+
+    client = control_plane(home).open_dataset(dataset, namespace)
+    try:
+        result = scrub(client, list(paths))
+    finally:
+        client.close()
+    blocks, bad = result.total("blocks"), result.total("bad")
+    copies = f", {result.copies} file-tier cop{'y' if result.copies == 1 else 'ies'}" if result.copies else ""
+    click.echo(f"dataset.datacache.io/{dataset} verified: {blocks} block{'' if blocks == 1 else 's'} "
+               f"({format_bytes(result.total('bytes'))}) of {len(result.files)} files{copies} checked, "
+               f"{bad} block{'' if bad == 1 else 's'} failed the checksum, "
+               f"{format_bytes(result.total('dropped_bytes'))} dropped")
+    for f in result.damaged:
+        failed = [f"block{'' if len(f.bad) == 1 else 's'} {', '.join(map(str, f.bad))}"] if f.bad else []
+        failed += ["its file-tier copy"] if f.copy_failed else []
+        click.echo(f"  {f.path}: {' and '.join(failed)} failed the checksum: dropped "
+                   f"{format_bytes(f.dropped_bytes)} (the next read fetches it again)")
+    for error in result.errors:
+        click.echo(f"error: {error}", err=True)
+    sys.exit(1 if result.damaged or result.errors else 0)
 
 
 @click.command()
@@ -177,4 +216,4 @@ def cat(target, namespace, home):
         client.close()
 
 
-COMMANDS = (warmup, sync, ls_, cat)
+COMMANDS = (warmup, verify, sync, ls_, cat)

@@ -14,6 +14,9 @@ Endpoints (all but ``/healthz`` and ``/metrics`` need ``Authorization: Bearer <t
 |                     | blocks (warmup, copying what peers hold), answer per file ``{"stored": bytes, |
 |                     | "ufs": bytes read from the UFS}`` or ``{"error": ...}``; ``"check": true``    |
 |                     | verifies the checksums of blocks held (``warmup --check``)                    |
+| ``POST /v1/verify`` | ``{"dataset", "keys": [...]}`` -> ``{"checked": [null|true|false, ...]}``: each |
+|                     | block held is read and checked against its checksum, a failing one dropped    |
+|                     | (``datacache verify``); null: not held here                                   |
 | ``POST /v1/pull``   | ``{"dataset", "from", "keys"}``: copy blocks this worker owns from worker     |
 |                     | ``from`` (hand-off); ``{"held": [bool, ...]}``                                |
 | ``POST /v1/drain``  | ``{"dataset", "seconds"}``: hand every block of the dataset's current files   |
@@ -114,6 +117,7 @@ class Worker:
                               client_max_size=16 << 20)
         app.router.add_get("/v1/block", self.get_block)
         app.router.add_post("/v1/exists", self.exists)
+        app.router.add_post("/v1/verify", self.verify)
         app.router.add_post("/v1/fill", self.fill)
         app.router.add_post("/v1/pull", self.pull)
         app.router.add_post("/v1/drain", self.drain)
@@ -183,6 +187,13 @@ class Worker:
         keys = self._keys(wire.parse_key_list(body))
         cached = await asyncio.get_running_loop().run_in_executor(None, lambda: [k in self.store for k in keys])
         return web.json_response({"cached": cached})
+
+    async def verify(self, request: web.Request) -> web.StreamResponse:
+        body = await _json(request)
+        wire.check_scope(body, self.dataset)
+        keys = self._keys(wire.parse_key_list(body))
+        work = asyncio.to_thread(lambda: [self.store.check(k) for k in keys])  # reads every block held: slow
+        return await _slow_json(request, work, "checked")
 
     async def pull(self, request: web.Request) -> web.Response:
         body = await _json(request)

@@ -179,13 +179,21 @@ class WorkerClient:
 
     async def exists(self, url: str, where: str, keys: list[str]) -> list[bool]:
         """Whether the worker holds each of ``keys`` (``str(BlockKey)``)."""
-        out: list[bool] = []
+        return await self._per_key(url, where, "/v1/exists", "cached", keys)
+
+    async def verify(self, url: str, where: str, keys: list[str]) -> list[bool | None]:
+        """Have the worker check each of ``keys`` it holds against its checksum, dropping those
+        that fail (``datacache verify``): per key True (passed), False (dropped) or None (not held)."""
+        return await self._per_key(url, where, "/v1/verify", "checked", keys)
+
+    async def _per_key(self, url: str, where: str, path: str, field: str, keys: list[str]) -> list:
+        """POST ``keys`` to ``path`` in batches of ``wire.MAX_KEYS``; the answers' ``field`` lists joined."""
+        out: list = []
         for start in range(0, len(keys), wire.MAX_KEYS):
             chunk = keys[start:start + wire.MAX_KEYS]
-            status, _, body = await self._request("POST", url, "/v1/exists", where,
-                                                  json={"dataset": self.dataset, "keys": chunk})
+            status, _, body = await self._request("POST", url, path, where, json={"dataset": self.dataset, "keys": chunk})
             self._check(status, body, where)
-            out += _json_field(body, "cached", where)
+            out += _json_field(body, field, where)
         return out
 
     async def fill(self, url: str, where: str, entry: FileEntry, indexes: list[int],

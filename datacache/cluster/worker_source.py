@@ -147,6 +147,20 @@ class ClusterBlockSource:
                     self._exists.popitem(last=False)
         return known[1][index]
 
+    def verify(self, entry: FileEntry) -> list[tuple[int, bool]]:
+        """The scrub of ``entry``'s version (``datacache verify``): every live worker (drained
+        ones too) checks the copies of its blocks it holds, dropping those that fail (see
+        :meth:`LocalBlockSource.verify`); returns ``(index, passed)`` per copy checked. Raises
+        ``WorkerUnavailable`` naming the workers that could not check theirs (the others did)."""
+        keys = [str(self.key(entry, i)) for i in range(block_count(entry.size, self.block_size))]
+        members = {m.worker_id: m for m in self.router.members() + self.router.draining()}.values()
+        answers = self._io.gather([self._client.verify(m.url, m.worker_id, keys) for m in members])
+        self._forget(entry)  # what is cached has changed
+        failed = [f"{m.worker_id}: {a}" for m, a in zip(members, answers) if isinstance(a, BaseException)]
+        if failed:
+            raise WorkerUnavailable(f"{entry.path}: not checked on cache worker(s) {'; '.join(failed)}")
+        return [(i, ok) for answer in answers for i, ok in enumerate(answer) if ok is not None]
+
     def usage(self) -> tuple[int, int]:
         """``(used, capacity)`` bytes summed over the live workers' first disk levels."""
         used = capacity = 0

@@ -5,7 +5,7 @@ processes, both reading a real S3 server (moto) through a proxy that counts the 
 Cases: a miss then hits, single-flight (concurrent readers of one cold block make one UFS GET),
 warmup fills, the memory budget (read-ahead skipped without room, back to 0 after), a version
 change (an uncached block of the old version is ESTALE, never new bytes; cached ones stay), a
-corrupt block on disk (never returned), and, for workers, a dead worker (a slower read only).
+corrupt block on disk (never returned, and dropped by the scrub), and, for workers, a dead worker (a slower read only).
 """
 
 from __future__ import annotations
@@ -207,6 +207,18 @@ def test_a_corrupt_block_on_disk_is_never_returned(stack):
         assert bytes(client.source.get(entry, 0)) == _block(data, 0)
     finally:
         client.close()
+
+
+def test_verify_drops_only_the_corrupt_block_and_fetches_nothing(stack):
+    with _reading(stack, 3 * BS) as (name, data, entry, source):
+        source.fill(entry, 0, 2)
+        assert corrupt_block_files(_cache_dirs(stack), str(source.key(entry, 0))) >= 1
+        fetched = source.ufs_bytes
+        assert sorted(source.verify(entry)) == [(0, False), (1, True), (2, True)]
+        assert sorted(source.verify(entry)) == [(1, True), (2, True)]  # dropped: nothing left to check
+        assert [source.is_cached(entry, i) for i in range(3)] == [False, True, True]
+        assert source.ufs_bytes == fetched
+        assert bytes(source.get(entry, 0)) == _block(data, 0)  # the next read refetches it
 
 
 @pytest.mark.parametrize("stack", ["workers"], indirect=True)  # in-process: no worker to kill

@@ -195,6 +195,7 @@ def test_token_auth_wrong_or_missing_token_gets_401_and_no_data(cluster, module_
         code, body = _http("GET", url + "/v1/block", headers, params)
         assert code == 401 and data[:64] not in body and len(body) < 200
         for path, payload in (("/v1/exists", {"dataset": NAME, "keys": []}), ("/v1/drop", {"dataset": NAME}),
+                              ("/v1/verify", {"dataset": NAME, "keys": []}),
                               ("/v1/fill", {"dataset": NAME, "block_size": BLOCK, "files": []})):
             assert _http("POST", url + path, headers, body=payload)[0] == 401
     code, body = _http("GET", url + "/v1/block", _auth(module_home), params)
@@ -252,7 +253,9 @@ def test_every_request_field_is_validated(cluster, module_home):
         assert code == status, (change, code, body)
         assert b"root:" not in body
     for keys, status in ((["../../etc/passwd/0"], 400), ([f"other/{'0' * 32}/0"], 400), ("x", 400)):
-        assert _http("POST", url + "/v1/exists", hdr, body={"dataset": NAME, "keys": keys})[0] == status
+        for path in ("/v1/exists", "/v1/verify"):
+            assert _http("POST", url + path, hdr, body={"dataset": NAME, "keys": keys})[0] == status
+    assert _http("POST", url + "/v1/verify", hdr, body={"dataset": "other", "keys": []})[0] == 409
     assert _http("POST", url + "/v1/exists", hdr, body=b"not json")[0] == 400
     files = [{"mount": "local", "ufs_path": "/etc/passwd", "version": "v", "size": 10, "blocks": [0]}]
     assert _http("POST", url + "/v1/fill", hdr, body={"dataset": NAME, "block_size": BLOCK, "files": files})[0] == 400
