@@ -12,17 +12,22 @@ there, or a few places on (several DataLoader workers share one scan), the first
 the following ``ahead`` files is prefetched through the block source: a cached block is read ahead
 by the kernel (``posix_fadvise(WILLNEED)`` on its cache file), a missing one is filled from the
 UFS if the memory budget allows (:meth:`~datacache.cache.blocksource.BlockSource.prefetch`). A
-shuffled order never looks sequential, so it costs nothing but the check. A published plan
-(:mod:`datacache.plan`) prefetches by the known order instead; both may run.
+shuffled order never looks sequential, so it costs nothing but the check. While a published plan
+(:mod:`datacache.plan`) is followed, it prefetches by the known order and this one stands by.
+Prefetching is best effort: a failure to start one (a source closing) never fails the read.
 """
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 from datacache.manifest import FileEntry
+
+log = logging.getLogger(__name__)
 
 AHEAD_FILES = 8  # files prepared ahead of a sequential scan
 STRIDE = 4  # a read this many places past the last one still counts as the scan going on
@@ -30,14 +35,16 @@ DIRECTORIES = 64  # directory listings kept (a scan is in a few at a time)
 
 
 class FileReadAhead:
-    """``on_read`` listener: ``namespace`` (a :class:`~datacache.dataset_namespace.DatasetNamespace`)
-    gives directory order, ``source`` (a block source) prefetches. ``ahead``: files prepared
-    ahead; ``stride``: see :data:`STRIDE`. Thread-safe; quick (a dict lookup per read, one
-    prefetch call per file the scan moves on)."""
+    """``on_read`` listener of ``client`` (a DatasetClient: its namespace gives directory order,
+    its current block source prefetches). ``standby``: True while something better prefetches
+    (a plan is followed); ``ahead``: files prepared ahead; ``stride``: see :data:`STRIDE`.
+    Thread-safe; quick (a dict lookup per read, one prefetch call per file the scan moves on)."""
 
-    def __init__(self, namespace, source, ahead: int = AHEAD_FILES, stride: int = STRIDE):
-        self.namespace = namespace
-        self.source = source
+    def __init__(self, client, standby: Callable[[], bool] = lambda: False, ahead: int = AHEAD_FILES,
+                 stride: int = STRIDE):
+        self.client = client
+        self.namespace = client.namespace
+        self.standby = standby
         self.ahead = ahead
         self.stride = stride
         self.prefetched = 0  # files whose first block was asked for
@@ -49,6 +56,8 @@ class FileReadAhead:
         self._high: dict[str, int] = {}  # dir -> position past the last file prepared
 
     def __call__(self, entry: FileEntry) -> None:
+        if self.standby():
+            return
         parent = posixpath.dirname(entry.path)
         with self._lock:
             files, position = self._directory(parent)
@@ -63,8 +72,13 @@ class FileReadAhead:
             end = min(i + 1 + self.ahead, len(files))
             self._high[parent] = max(end, self._high.get(parent, 0))
             upcoming = files[start:end]
-        for f in upcoming:
-            self.source.prefetch(f, 0)
+        source = self.client.source
+        try:
+            for f in upcoming:
+                source.prefetch(f, 0)
+        except (OSError, RuntimeError) as err:  # RuntimeError: its pools are shut down (closing)
+            log.debug("read-ahead of %s's next files not started: %s", entry.path, err)
+            return
         self.prefetched += len(upcoming)
 
     def _directory(self, parent: str) -> tuple[list[FileEntry], dict[str, int]]:

@@ -210,6 +210,8 @@ class ReadPath:
                                  manifest_path=path, manifest_lock=lambda: syncmark.manifest_write(directory))
         client = DatasetClient(names, source, readahead=runtime.spec.fuse.read_ahead_blocks,
                                files=functools.partial(self.file_tier, runtime))
-        client.on_read(PlanFollower(client, directory))  # prefetch and evict by a published plan
-        client.on_read(FileReadAhead(names, source))  # prefetch the next files of a scan in name order
+        follower = PlanFollower(client, directory)
+        client.on_read(follower)  # prefetch and evict by a published plan
+        # without a plan: prefetch the next files of a scan in name order
+        client.on_read(FileReadAhead(client, standby=lambda: bool(follower.cursors)))
         return client

@@ -50,9 +50,11 @@ def test_local_and_remote_hit_ratios_count_where_hits_were_served(workers_home, 
     here = plane.open_dataset("hits")
     far = reader_on_another_node(plane, workers_home, "hits")
     try:
-        for rel in ("0.bin", "1.bin"):  # 4 blocks from this node's block files: local hits
+        # Files in descending order: a scan in name order would read 4.bin's first block ahead
+        # (datacache.file_readahead), and it must stay cold here.
+        for rel in ("1.bin", "0.bin"):  # 4 blocks from this node's block files: local hits
             assert read(here, rel) == files[rel]
-        for rel in ("2.bin", "3.bin"):  # 4 blocks over the network from a remote worker: remote hits
+        for rel in ("3.bin", "2.bin"):  # 4 blocks over the network from a remote worker: remote hits
             assert read(far, rel) == files[rel]
         assert read(far, "4.bin") == files["4.bin"]  # 2 cold blocks: misses
     finally:
