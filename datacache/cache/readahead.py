@@ -18,8 +18,9 @@ It owns, per block source:
   fills queued behind them would take every thread and hang for good.
 
 Work started after :meth:`close` is skipped (it is only ever read-ahead); fills cancelled by it
-give their budget back and fail their waiters with ``ECANCELED``. The pattern follows JuiceFS's
-``pkg/chunk`` prefetcher (a bounded set of background fetches by key) and Go's singleflight.
+give their budget back and fail their waiters with ``ECANCELED``. The shape follows JuiceFS's
+``pkg/chunk/prefetch.go`` (a fixed number of fetchers, one fetch per key at a time) and Go's
+``singleflight``; the second pool is this project's, for loads that wait.
 """
 
 from __future__ import annotations
