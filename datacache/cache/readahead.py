@@ -10,8 +10,9 @@ It owns, per block source:
   bounded to the blocks that fit in half the budget, the oldest dropped first, so abandoned
   read-ahead cannot pile up; a kept block holds its bytes (``hold``: only while half the budget
   stays free for fills) until it is taken or dropped;
-- two thread pools. *Fills* (``datacache-fill``) run work that never waits for anything in this
-  component: a UFS read into the store, a fetch from a cache worker. *Loads*
+- two thread pools. *Fills* (``datacache-fill``) run work that never waits for a job queued in
+  this component: a UFS read into the store, a fetch from a cache worker (whose fallback to the
+  UFS may join a demand read already running in its caller's thread). *Loads*
   (``datacache-ahead``) run work that may wait for a fill: a Reader's load of its next block
   (``source.get``, which joins a fill in flight or takes a fetched block). A load therefore only
   ever waits for the other pool, whose jobs always finish: with one pool, loads waiting for
