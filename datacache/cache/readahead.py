@@ -63,7 +63,7 @@ class ReadAhead:
         against the budget meanwhile; returns the run's future (its value or exception). With
         ``wait`` the caller waits for the budget and runs the work itself; else it runs in the fill
         pool, and nothing is started (None) when the budget has no room or after :meth:`close`.
-        ``work`` must not wait for this component (it may run in the fill pool)."""
+        ``work`` must not wait for a job queued in this component (it may run in the fill pool)."""
         fut = self.flights.joined(key)
         if fut is not None:
             return fut
