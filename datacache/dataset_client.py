@@ -22,7 +22,6 @@ from datacache.manifest import FileEntry, Manifest, normalize
 from datacache.reader import DatasetFile
 
 log = logging.getLogger(__name__)
-AHEAD_THREADS = 8  # threads loading the next block of sequential readers, per client
 
 
 class DatasetClient:
@@ -31,8 +30,8 @@ class DatasetClient:
     ``namespace``: the dataset's :class:`DatasetNamespace` (files and versions; a stale read
     refreshes the file's entry there); ``source``: block source (see
     :class:`~datacache.cache.blocksource.BlockSource`); ``readahead``: blocks read ahead on
-    sequential reads; with ``readahead`` > 0, open files load their next block in a pool of
-    ``AHEAD_THREADS`` threads (see :mod:`datacache.reader`). ``files``: a callable opening this
+    sequential reads; with ``readahead`` > 0, open files also load their next blocks through the
+    source's read-ahead (see :mod:`datacache.reader`). ``files``: a callable opening this
     node's file tier (complete versions as contiguous files, :meth:`local_file`; None when it is
     off), called on first use so a client that never opens a file (a warmup) creates no file tier;
     or None.
@@ -46,7 +45,6 @@ class DatasetClient:
         self.readahead = readahead
         self._lock = threading.Lock()
         self._readers: list[Callable[[FileEntry], None]] = []
-        self._ahead_pool = None
         self._open_files = files
         self._files: FileTier | None = None
         self._copying: set[str] = set()  # file ids being copied into the file tier
@@ -100,10 +98,6 @@ class DatasetClient:
         """Open the version ``entry`` names (e.g. the one a FUSE inode stands for); its reads raise
         ``StaleFileError`` once that version can no longer be read from the cache or the UFS."""
         self.reading(entry)
-        if self.readahead > 0 and self._ahead_pool is None:
-            with self._lock:
-                if self._ahead_pool is None:
-                    self._ahead_pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="datacache-ahead")
         return _RefreshingFile(entry, self)
 
     @property
@@ -208,9 +202,8 @@ class DatasetClient:
         for listener in self._readers:  # a plan's prefetch stops before the store closes
             if hasattr(listener, "close"):
                 listener.close()
-        for pool in (self._ahead_pool, self._copy_pool):
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)  # before the store closes
+        if self._copy_pool is not None:
+            self._copy_pool.shutdown(wait=True, cancel_futures=True)  # before the store closes
         if self._files is not None:
             self._files.close()
         self.source.close()
@@ -221,7 +214,7 @@ class _RefreshingFile(DatasetFile):
     so that the next open reads the new version (case C5)."""
 
     def __init__(self, entry: FileEntry, client: DatasetClient):
-        super().__init__(entry, client.source, client.readahead, client._ahead_pool)
+        super().__init__(entry, client.source, client.readahead)
         self._client = client
 
     def view(self, offset: int, size: int):

@@ -7,23 +7,25 @@ pattern triggers read-ahead of the next ``readahead`` blocks through the block s
 memory budget is shared by all files: read-ahead past it is skipped, and a file keeps its current
 block only while the budget has room, so open files cannot grow memory past it either.
 
-Given a thread pool (``ahead_pool``), a sequential reader also loads the next ``AHEAD_BLOCKS``
-blocks into memory in the background while the current one is served, so the read that crosses
-into one finds it ready (loading a 4 MiB block from the SSD tier - read, checksum - costs about a
-millisecond that would otherwise stall every block boundary; two loads at once keep a reader that
-copies faster than one load delivers busy). Those blocks are data kept between reads, like
-the current block: it is held against the same budget (``hold``: only while half the budget stays
-free for fills, so it never starves a demand read; skipped otherwise) until it becomes the current
-block or is dropped.
+A sequential reader also loads the next ``AHEAD_BLOCKS`` blocks into memory in the background
+while the current one is served, so the read that crosses into one finds it ready (loading a 4 MiB
+block from the SSD tier - read, checksum - costs about a millisecond that would otherwise stall
+every block boundary; two loads at once keep a reader that copies faster than one load delivers
+busy). Those loads, and the read-ahead hints, go through the source's
+:class:`~datacache.cache.readahead.ReadAhead`: its load pool runs them (a load may wait for a fill
+the hints started, which runs in its fill pool), its buffer keeps the loaded blocks under this
+file's keys. They are data kept between reads, like the current block: held against the same
+budget (``hold``: only while half the budget stays free for fills, so they never starve a demand
+read; skipped otherwise) until a block becomes the current block or is dropped.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import operator
 import threading
 from collections import deque
-from concurrent.futures import Future
 
 from datacache.cache.blocks import block_count, block_slice
 from datacache.manifest import FileEntry
@@ -37,11 +39,10 @@ class DatasetFile(io.RawIOBase):
     ``read``/``readinto``/``seek``/``tell`` follow ``io`` semantics: reading at or past EOF returns
     ``b""`` (case C6), seeking past EOF is allowed. ``pread(offset, size)`` reads without moving the
     cursor (used by FUSE). Errors are the block source's ``OSError`` subclasses. ``readahead``:
-    blocks read ahead on sequential reads; ``ahead_pool``: an executor for loading the next block
-    into memory (None: no such loading, read-ahead is left to the block source).
+    blocks read ahead on sequential reads (0: none, and no blocks loaded ahead either).
     """
 
-    def __init__(self, entry: FileEntry, source, readahead: int = 4, ahead_pool=None):
+    def __init__(self, entry: FileEntry, source, readahead: int = 4):
         super().__init__()
         self.entry = entry
         self.name = entry.path
@@ -54,8 +55,9 @@ class DatasetFile(io.RawIOBase):
         self._held = 0  # bytes of it counted against the source's memory budget
         self._prev, self._run = -1, 0  # last block index read; length of the sequential run
         self._lock = threading.Lock()
-        self._pool = ahead_pool
-        self._ahead: deque[tuple[int, Future]] = deque()  # the next blocks, loading in the pool, in order
+        self._ra = source.readahead
+        self._token = object()  # this file's keys in the read-ahead buffer: (token, index)
+        self._ahead: deque[int] = deque()  # the next blocks, loading into that buffer, consecutive
 
     @property
     def size(self) -> int:
@@ -133,8 +135,7 @@ class DatasetFile(io.RawIOBase):
         """True when block ``index`` is in memory (a read of it costs a slice, no I/O)."""
         if index == self._cur_index:
             return True
-        return any(i == index and f.done() and f.exception() is None and f.result() is not None
-                   for i, f in list(self._ahead))
+        return index in self._ahead and self._ra.ready((self._token, index))
 
     def _block(self, index: int) -> bytes:
         # Read (index, bytes) once: another thread may replace the current block meanwhile.
@@ -142,9 +143,11 @@ class DatasetFile(io.RawIOBase):
         if index == cur_index:
             return cur
         with self._lock:  # threads sharing one open file (pread) must not lose loads ahead
-            hit = self._take_ahead(index)
-        block = _landed(hit)
-        held = block is not None  # a block loaded ahead comes held against the budget
+            ahead = self._take_ahead(index)
+        # A block loaded ahead comes held against the budget; None when its load failed (an
+        # outage since over is not replayed: the block is read here) or was dropped.
+        block = self._ra.take((self._token, index), release=False) if ahead else None
+        held = block is not None
         if not held:
             block = self._src.get(self.entry, index, pieces=True)
         with self._lock:
@@ -157,78 +160,59 @@ class DatasetFile(io.RawIOBase):
                 window = range(index + self._readahead, min(index + self._readahead + 1, self._nblocks))
             else:
                 window = range(0)
-            if self._pool is not None and self._run and index + 1 < self._nblocks:
-                try:
-                    self._load_next(index, window)
-                    return block
-                except RuntimeError:  # the pool was shut down (its client closed): hints only
-                    pass
-        self._prefetch(window)
+            if self._readahead and self._run and index + 1 < self._nblocks:
+                self._load_next(index, window)
         return block
 
     def _load_next(self, index: int, window: range) -> None:
-        """Have blocks ``index + 1 .. index + AHEAD_BLOCKS`` loading in the pool; the hints for
-        the rest of ``window`` go with the first new job (or alone), never on the caller's
-        thread. A block being loaded gets no hint: a remote source would fetch it twice when the
-        hint landed after the load had looked for it. Called holding ``_lock``."""
+        """Have blocks ``index + 1 .. index + AHEAD_BLOCKS`` loading ahead (as far as the budget
+        holds them); the hints for the rest of ``window`` go with the first new load (or alone),
+        never on the caller's thread. A block being loaded gets no hint: a remote source would
+        fetch it twice when the hint landed after the load had looked for it. Called holding
+        ``_lock``."""
         last = index + AHEAD_BLOCKS
         hints = range(max(window.start, last + 1), window.stop)
-        first = self._ahead[-1][0] + 1 if self._ahead else index + 1  # loads ahead are consecutive
+        first = self._ahead[-1] + 1 if self._ahead else index + 1  # loads ahead are consecutive
         for i in range(first, min(last + 1, self._nblocks)):
-            self._ahead.append((i, self._pool.submit(self._load_ahead, i, hints)))
+            n = min(self._bs, self.entry.size - i * self._bs)
+            load = functools.partial(self._load_ahead, i, hints)
+            if not self._ra.keep((self._token, i), n, load, waits=True):
+                break  # no room in the budget: read on demand
+            self._ahead.append(i)
             hints = range(0)
         if hints:
-            self._pool.submit(self._prefetch, hints)
+            self._ra.later(self._prefetch, hints)
 
     def _prefetch(self, window) -> None:
         for i in window:
             self._src.prefetch(self.entry, i)
 
-    def _load_ahead(self, index: int, window) -> bytes | None:
-        """In the pool: the read-ahead hints, then block ``index`` held against the budget (None
-        when the budget has no room)."""
+    def _load_ahead(self, index: int, window):
+        """In the load pool: the read-ahead hints, then block ``index``."""
         self._prefetch(window)
-        n = min(self._bs, self.entry.size - index * self._bs)
-        if not self._src.budget.hold(n):
-            return None
-        try:
-            return self._src.get(self.entry, index, pieces=True)
-        except BaseException:
-            self._src.budget.release(n)
-            raise
+        return self._src.get(self.entry, index, pieces=True)
 
-    def _take_ahead(self, index: int) -> Future | None:
-        """The load of block ``index`` if it is loading ahead, else None; called holding
-        ``_lock`` (:func:`_landed` waits for it outside). The blocks loading past it stay; any
-        other is dropped (all of them when ``index`` is not among them: the reader left the
-        run)."""
-        if self._ahead and self._ahead[0][0] == index:  # the next block of a sequential run
-            hit = self._ahead.popleft()[1]
-        else:
-            ahead, self._ahead = self._ahead, deque()
-            hit = next((f for i, f in ahead if i == index), None)
-            for i, f in ahead:
-                if hit is not None and i > index:
-                    self._ahead.append((i, f))
-                elif f is not hit:
-                    self._discard(f)
+    def _take_ahead(self, index: int) -> bool:
+        """Whether block ``index`` is loading ahead (:meth:`ReadAhead.take` waits for it outside);
+        called holding ``_lock``. The blocks loading past it stay; any other is dropped (all of
+        them when ``index`` is not among them: the reader left the run)."""
+        if self._ahead and self._ahead[0] == index:  # the next block of a sequential run
+            self._ahead.popleft()
+            return True
+        ahead, self._ahead = self._ahead, deque()
+        hit = index in ahead
+        for i in ahead:
+            if hit and i > index:
+                self._ahead.append(i)
+            elif i != index:
+                self._ra.drop((self._token, i))
         return hit
-
-    def _discard(self, fut: Future) -> None:
-        """Drop a block loaded ahead: not started yet, it never runs; else its hold is released
-        when it lands (never waited for: the caller may be FUSE's event loop)."""
-        if not fut.cancel():
-            fut.add_done_callback(self._release_ahead)
-
-    def _release_ahead(self, fut: Future) -> None:
-        if fut.exception() is None and fut.result() is not None:
-            self._src.budget.release(len(fut.result()))
 
     def _keep(self, index: int, block, held: bool) -> None:
         """Keep ``block`` for the next read if it is ``held`` against the shared memory budget
         already (loaded ahead) or the budget has room for it, so that many open files cannot hold
         more than the budget between them."""
-        budget = self._src.budget
+        budget = self._ra.budget
         if self._held:
             budget.release(self._held)
         self._held = len(block) if held or budget.hold(len(block)) else 0
@@ -237,21 +221,10 @@ class DatasetFile(io.RawIOBase):
     def close(self) -> None:
         with self._lock:
             ahead, self._ahead = self._ahead, deque()
-            for _, fut in ahead:
-                self._discard(fut)
+            for i in ahead:
+                self._ra.drop((self._token, i))
             if self._held:
-                self._src.budget.release(self._held)
+                self._ra.budget.release(self._held)
             self._held, self._cur_index, self._cur = 0, -1, b""
         super().close()
 
-
-def _landed(load: Future | None):
-    """The block a load ahead brought, waiting for it; None when there was none, it failed or the
-    budget had no room: the caller then loads the block itself, so an error seen in the
-    background (an outage since over) is not replayed."""
-    if load is None:
-        return None
-    try:
-        return load.result()
-    except Exception:
-        return None

@@ -282,7 +282,7 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
     # every thread's segment, held twice while it is read (see LocalBlockSource.fill), fits in the
     # memory budget together: 8 MiB with 16 threads and 256 MiB, where 32 MiB segments had the
     # process peak at 566 MiB warming up one 1.5 GiB file.
-    fits = source.budget.limit // (FILL_COPIES * parallel) // bs * bs
+    fits = source.readahead.budget.limit // (FILL_COPIES * parallel) // bs * bs
     segment_bytes = min(segment_bytes, max(bs, sum(e.size for e in entries) // (parallel * 4)), max(bs, fits))
     errors: dict[str, str] = {}
     stale: set[str] = set()

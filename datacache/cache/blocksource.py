@@ -2,9 +2,10 @@
 
 Two implementations keep it: :class:`~datacache.cache.local_source.LocalBlockSource` (this process's
 tiered store, filled from the UFS) and :class:`~datacache.cluster.worker_source.ClusterBlockSource` (the
-runtime's cache workers). ``tests/test_block_source_contract.py`` runs both through the same
-cases: hits, misses, single-flight, budget bounds, a version change, a corrupt block, and (for
-workers) a dead worker.
+runtime's cache workers). ``tests/cluster/test_block_source_contract.py`` runs both through the same
+cases: hits, misses, single-flight, budget bounds, read-ahead (a block loaded ahead is served
+without a second fetch; an abandoned one gives its memory back; loads ahead never deadlock), a
+version change, a corrupt block, and (for workers) a dead worker.
 
 Blocks are addressed by a file version (a :class:`~datacache.entry.FileEntry`) and an index;
 block ``i`` covers bytes ``[i * block_size, min((i + 1) * block_size, size))``. Errors are
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from datacache.cache.blocks import BlockKey, PieceBlock
-from datacache.cache.budget import MemoryBudget
+from datacache.cache.readahead import ReadAhead
 from datacache.entry import FileEntry
 
 
@@ -28,13 +29,15 @@ from datacache.entry import FileEntry
 class BlockSource(Protocol):
     """Blocks of one dataset's file versions, cut at ``block_size`` bytes.
 
-    ``budget``: the memory budget (bytes) its fills and read-ahead hold against; readers hold the
-    blocks they keep between reads against the same one, so every open file of a process together
-    stays within it. ``ufs_bytes``: bytes read from the UFS on this source's behalf so far.
+    ``readahead``: the component its background loads go through (fills, fetched blocks kept
+    until read, a Reader's loads of its next blocks); its ``budget`` is the memory budget (bytes)
+    fills and read-ahead hold against, and readers hold the blocks they keep between reads against
+    the same one, so every open file of a process together stays within it. ``ufs_bytes``: bytes
+    read from the UFS on this source's behalf so far.
     """
 
     block_size: int
-    budget: MemoryBudget
+    readahead: ReadAhead
 
     @property
     def ufs_bytes(self) -> int: ...
@@ -48,7 +51,8 @@ class BlockSource(Protocol):
         calls for one missing block share one UFS read. Counts a hit or a miss."""
 
     def prefetch(self, entry: FileEntry, index: int) -> None:
-        """Start loading block ``index`` in the background if the budget allows; else nothing."""
+        """Start loading block ``index`` in the background through ``readahead`` if the budget
+        allows; else nothing. A later :meth:`get` of it makes no second UFS or worker fetch."""
 
     def fill(self, entry: FileEntry, first: int, last: int, check: bool = False) -> int:
         """Warmup: make blocks ``first..last`` (inclusive) cached; returns the bytes newly stored

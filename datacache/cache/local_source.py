@@ -4,8 +4,9 @@ from the UFS.
 It keeps the block-source contract (:class:`~datacache.cache.blocksource.BlockSource`) that the
 Reader, DatasetClient and warmup use; the runtime's cache workers keep it too
 (``datacache.cluster.worker_source``). Fills are single-flight: concurrent requests of one missing
-block share one UFS read, threads of a process through
-:class:`~datacache.cache.singleflight.SingleFlight`, processes sharing the cache directory through a
+block share one UFS read, threads of a process through the single-flight of the source's
+:class:`~datacache.cache.readahead.ReadAhead` (whose fill pool also runs fills ahead: the store
+keeps what they load, where the read finds it), processes sharing the cache directory through a
 per-block file lock (:mod:`datacache.cache.filllock`; a waiter re-checks the cache and reads the
 block filled meanwhile). Bytes the UFS cannot prove to be one version
 (:class:`~datacache.entry.Unproven`) are returned to a demand read but never stored. Every fill
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from datacache.cache.blocks import BlockKey, PieceBlock, block_count, block_range, file_id
-from datacache.cache.budget import MemoryBudget
 from datacache.cache.filllock import FillLocks
-from datacache.cache.singleflight import SingleFlight
+from datacache.cache.readahead import ReadAhead
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.entry import Unproven
@@ -41,21 +42,20 @@ class LocalBlockSource:
     """Blocks of dataset ``dataset`` cut at ``block_size`` bytes.
 
     ``store``: the tiered store; ``ufs``: a ``UnionNamespace`` (its ``read`` gives exact-version
-    bytes); ``budget``: shared memory budget; ``stats``: hit counters (or None); ``fill_threads``:
-    UFS reads in flight at most (read-ahead and warmup; demand reads run in the caller's thread).
-    UFS errors propagate unchanged (StaleFileError, FileNotFoundError, UFSUnavailableError).
+    bytes); ``readahead``: the read-ahead component (memory budget, single-flight, fill pool:
+    read-ahead fills run there, demand fills in the caller's thread), which this source closes;
+    ``stats``: hit counters (or None). UFS errors propagate unchanged (StaleFileError,
+    FileNotFoundError, UFSUnavailableError).
     """
 
-    def __init__(self, dataset: str, store: TieredStore, ufs, block_size: int, budget: MemoryBudget,
-                 stats: HitStats | None = None, fill_threads: int = 16):
+    def __init__(self, dataset: str, store: TieredStore, ufs, block_size: int, readahead: ReadAhead,
+                 stats: HitStats | None = None):
         self.dataset = dataset
         self.store = store
         self.ufs = ufs
         self.block_size = block_size
-        self.budget = budget
+        self.readahead = readahead
         self.stats = stats
-        self._flights = SingleFlight()
-        self._pool = ThreadPoolExecutor(fill_threads, thread_name_prefix="datacache-fill")
         self._fill_locks = FillLocks(store.directory) if store.directory is not None else None
         self.ufs_bytes = 0
 
@@ -83,7 +83,7 @@ class LocalBlockSource:
             self.stats.count(self.dataset, data is not None)
         if data is not None:
             return data
-        return self._single_flight(key, entry, index, blocking=True).result()
+        return self._load(key, entry, index, wait=True).result()
 
     def prefetch(self, entry: FileEntry, index: int) -> None:
         """Prepare a block for an upcoming read: a cached one is read ahead by the kernel, a missing
@@ -92,7 +92,7 @@ class LocalBlockSource:
             return
         key = str(self.key(entry, index))
         if not self.store.advise(key):  # cached blocks are only read ahead by the kernel
-            self._single_flight(key, entry, index, blocking=False, background=True)
+            self._load(key, entry, index, wait=False)
 
     def verify(self, entry: FileEntry) -> list[tuple[int, bool]]:
         """The scrub of ``entry``'s version (``datacache verify``): every stored block is read and
@@ -122,14 +122,15 @@ class LocalBlockSource:
         start = block_range(missing[0], entry.size, self.block_size)[0]
         end = block_range(missing[-1], entry.size, self.block_size)[1]
         held = FILL_COPIES * (end - start)
-        self.budget.acquire(held)  # before the locks: never wait for memory holding one
+        budget = self.readahead.budget
+        budget.acquire(held)  # before the locks: never wait for memory holding one
         try:
             with self._locked([keys[i] for i in missing]):
                 # another process may have filled some while this one waited for the locks
                 missing = [i for i in missing if keys[i] not in self.store]
                 return self._fill_span(entry, missing, keys) if missing else 0
         finally:
-            self.budget.release(held)
+            budget.release(held)
 
     def _fill_span(self, entry: FileEntry, missing: list[int], keys: dict[int, str]) -> int:
         """Store blocks ``missing`` (ascending) from one UFS read of their span; bytes stored.
@@ -149,33 +150,10 @@ class LocalBlockSource:
             stored += b1 - b0
         return stored
 
-    def _single_flight(self, key: str, entry: FileEntry, index: int, blocking: bool,
-                       background: bool = False) -> Future:
-        fut = self._flights.joined(key)
-        if fut is not None:
-            return fut
+    def _load(self, key: str, entry: FileEntry, index: int, wait: bool) -> Future | None:
+        """Block ``index`` filled through the read-ahead's single-flight (see :meth:`ReadAhead.load`)."""
         start, end = block_range(index, entry.size, self.block_size)
-        nbytes = end - start
-        # Never wait for the budget while a fill is claimed: the fills that would release it
-        # may wait for this one (a deadlock once a demand read had to wait).
-        if not self.budget.acquire(nbytes, blocking=blocking):
-            return _done(None)
-        fut, mine = self._flights.claim(key)
-        if not mine:  # another caller started this fill meanwhile: share it
-            self.budget.release(nbytes)
-            return fut
-
-        def job() -> None:
-            try:
-                self._flights.run(key, fut, lambda: self._fill_one(key, entry, index))
-            finally:
-                self.budget.release(nbytes)
-
-        if background:
-            self._pool.submit(job)
-        else:
-            job()
-        return fut
+        return self.readahead.load(key, end - start, functools.partial(self._fill_one, key, entry, index), wait)
 
     def _fill_one(self, key: str, entry: FileEntry, index: int) -> bytes:
         with self._locked([key]):
@@ -228,16 +206,10 @@ class LocalBlockSource:
 
     def close(self) -> None:
         """Stop read-ahead, then close the store and counters this source owns."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.readahead.close()
         if self.stats is not None:
             self.stats.close()
         self.store.close()
-
-
-def _done(value) -> Future:
-    fut: Future = Future()
-    fut.set_result(value)
-    return fut
 
 
 def _full_bypasses(store) -> int:

@@ -2,8 +2,8 @@
 
 The first caller of a key claims it and runs the work; callers that arrive while it runs get the
 same :class:`concurrent.futures.Future` and its value or exception. Used for block fills by the
-in-process block source (threads) and the cache worker (asyncio, through
-``asyncio.wrap_future``), so one missing block costs one UFS read however many readers ask. The
+read-ahead component every block source loads through (:mod:`.readahead`, threads) and the
+cache worker (asyncio, through ``asyncio.wrap_future``), so one missing block costs one UFS read however many readers ask. The
 pattern and its name come from Go's ``golang.org/x/sync/singleflight``.
 """
 

@@ -63,6 +63,7 @@ from aiohttp import web
 from datacache.cache.blocks import BlockKey, checksum
 from datacache.cache.singleflight import SingleFlight
 from datacache.cache.budget import MemoryBudget
+from datacache.cache.readahead import ReadAhead
 from datacache.cache.memory import MemoryTier
 from datacache.cache.local_source import LocalBlockSource
 from datacache.cache.tiered import TieredStore
@@ -99,8 +100,8 @@ class Worker:
         self.worker_id = worker_id
         self.token = token
         self.roots = {name: m.root for name, m in ufs.mounts.items()}
-        self.source = LocalBlockSource(dataset, store, ufs, block_size, MemoryBudget(FILL_BUDGET),
-                                       None, fill_threads)
+        self.source = LocalBlockSource(dataset, store, ufs, block_size,
+                                       ReadAhead(MemoryBudget(FILL_BUDGET), block_size))
         self._fills = ThreadPoolExecutor(fill_threads, thread_name_prefix="worker-fill")
         self._mem = next((lv for lv in store.levels if isinstance(lv, MemoryTier)), None)
         self._disk = next((lv for lv in store.levels if isinstance(lv, ServingDiskTier)), None)

@@ -23,18 +23,22 @@ next candidates, :func:`placement.lookup`), one batched query per worker, and ke
 ``exists_ttl`` seconds: a block counts as cached wherever it really is among the places a read
 finds it (an owner that misses copies it from there, see :mod:`.peers`; workers being drained
 are asked too), so status and reads agree.
-Read-ahead fetches the next blocks in the background (see :mod:`.readahead`).
+Read-ahead fetches the next blocks in the background into the buffer of the source's
+:class:`~datacache.cache.readahead.ReadAhead` (the client has no store of its own), held against
+the memory budget until read or dropped; the direct UFS reads share that component.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import threading
 import time
 from collections import Counter, OrderedDict
 
 from datacache.cache.blocks import BlockKey, PieceBlock, block_count, block_range, file_id
 from datacache.cache.budget import MemoryBudget
+from datacache.cache.readahead import ReadAhead
 from datacache.cache.memory import MemoryTier
 from datacache.cache.local_source import LocalBlockSource
 from datacache.cache.stats import HitStats
@@ -43,39 +47,39 @@ from datacache.cluster import auth
 from datacache.cluster.worker_client import BlockVanished, LoopThread, WorkerClient, WorkerRejected, WorkerUnavailable
 from datacache.cluster.member import Member
 from datacache.cluster.membership import open_membership
-from datacache.cluster.readahead import ReadAhead
 from datacache.cluster.routing import Router
 from datacache.errors import UFSUnavailableError
 from datacache.manifest import FileEntry
 
 _EXISTS_MAX = 4096  # files whose existence answers are kept
+FETCH_THREADS = 4  # blocks fetched ahead from the workers at once
 
 
 class ClusterBlockSource:
     """Blocks of ``dataset`` held by the workers that ``router`` finds.
 
     ``client``: a :class:`WorkerClient`; ``ufs``: the dataset's ``UnionNamespace`` (direct reads);
-    ``budget``: shared memory budget; ``stats``: reader hit counters (or None); ``replicas``: workers
+    ``readahead``: the read-ahead component (memory budget, fetches ahead), which this source
+    closes; ``stats``: reader hit counters (or None); ``replicas``: workers
     holding each block; ``tries``: workers asked for one block before the UFS.
     """
 
-    def __init__(self, dataset: str, router: Router, client: WorkerClient, ufs, budget: MemoryBudget,
+    def __init__(self, dataset: str, router: Router, client: WorkerClient, ufs, readahead: ReadAhead,
                  stats: HitStats | None = None, replicas: int = 1, tries: int = 2, exists_ttl: float = 1.0):
         self.dataset = dataset
         self.block_size = client.block_size
         self.router = router
-        self.budget = budget
+        self.readahead = readahead
         self.stats = stats
         self.replicas = replicas
         self.tries = max(tries, replicas)
         self.exists_ttl = exists_ttl
         self._client = client
         self._io = LoopThread()
-        self._direct = LocalBlockSource(dataset, TieredStore([MemoryTier(0)]), ufs, self.block_size, budget)
+        self._direct = LocalBlockSource(dataset, TieredStore([MemoryTier(0)]), ufs, self.block_size, readahead)
         self._remote_ufs_bytes = 0
         self._progress: Counter = Counter()
         self._failures: dict[str, str] = {}  # worker id -> last error of this client's fills
-        self._ahead = ReadAhead(budget, self.block_size)
         self._exists: OrderedDict[str, tuple[float, list[bool]]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -94,7 +98,7 @@ class ClusterBlockSource:
         FileNotFoundError / StaleFileError / UFSUnavailableError as the UFS does, never a
         worker's failure."""
         key = str(self.key(entry, index))
-        data, hit, remote = self._ahead.take(key) or self._fetch(entry, index, key, pieces)
+        data, hit, remote = self.readahead.take(key) or self._fetch(entry, index, key, pieces)
         if self.stats is not None:
             self.stats.count(self.dataset, hit, remote)
         return data
@@ -105,7 +109,7 @@ class ClusterBlockSource:
             return
         key = str(self.key(entry, index))
         start, end = block_range(index, entry.size, self.block_size)
-        self._ahead.start(key, end - start, self._fetch, entry, index, key)
+        self.readahead.keep(key, end - start, functools.partial(self._fetch, entry, index, key))
 
     def fill(self, entry: FileEntry, first: int, last: int, check: bool = False) -> int:
         """Warmup: have the owners cache blocks ``first..last``; returns the bytes newly stored.
@@ -175,8 +179,7 @@ class ClusterBlockSource:
 
     def close(self) -> None:
         """Stop read-ahead, close connections and the short-circuit readers."""
-        self._ahead.close()
-        self._direct.close()
+        self._direct.close()  # and the read-ahead they share
         self._io.run(self._client.close())
         self._io.close()
         self.router.close()
@@ -308,4 +311,5 @@ def connect(home: str, runtime, ufs, budget: MemoryBudget, stats: HitStats | Non
     client = WorkerClient(auth.load_token(home, ns, name), name, runtime.spec.block_size_bytes,
                           connect_timeout, read_timeout)
     router = Router(open_membership(home), ns, name, short_circuit=short_circuit)
-    return ClusterBlockSource(name, router, client, ufs, budget, stats, replicas=replicas)
+    readahead = ReadAhead(budget, runtime.spec.block_size_bytes, fill_threads=FETCH_THREADS)
+    return ClusterBlockSource(name, router, client, ufs, readahead, stats, replicas=replicas)

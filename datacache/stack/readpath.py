@@ -25,6 +25,7 @@ from datacache.cache.disk import DiskTier
 from datacache.cache.filetier import FileTier
 from datacache.cache.memory import MemoryTier
 from datacache.cache.local_source import LocalBlockSource
+from datacache.cache.readahead import ReadAhead
 from datacache.cache.stats import HitStats
 from datacache.cache.tiered import TieredStore
 from datacache.dataset_client import DatasetClient
@@ -164,8 +165,9 @@ class ReadPath:
         ``ensure_workers(runtime)`` when there is that hook. Raises ResourceError when a distributed
         runtime has no worker token yet."""
         if not distributed(runtime):
-            return LocalBlockSource(runtime.metadata.name, self.store_for(runtime), ufs,
-                                    runtime.spec.block_size_bytes, self.budget, self.hit_stats(runtime))
+            bs = runtime.spec.block_size_bytes
+            return LocalBlockSource(runtime.metadata.name, self.store_for(runtime), ufs, bs,
+                                    ReadAhead(self.budget, bs), self.hit_stats(runtime))
         if self._ensure_workers is not None:
             self._ensure_workers(runtime)
         from datacache.cluster import worker_source as cluster_source  # aiohttp: only for workers

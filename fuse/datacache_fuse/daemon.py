@@ -424,7 +424,7 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
                  session.kernel.minor, mode + (", passthrough of complete cached files" if session.passthrough else ""),
                  ",".join(extra) or "-")
         mounted(mode)
-        idle = _IdleTrim(session, client.source.budget)
+        idle = _IdleTrim(session, client.source.readahead.budget)
         while not session.wait(0.2) and not stop.is_set():
             if watched is not None and not _alive(watched):
                 signalled.append(f"exit of process {watched} ({WATCH_PID_ENV})")

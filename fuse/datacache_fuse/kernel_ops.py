@@ -42,7 +42,7 @@ Rules, and why:
   worker threads, several at once: the inode and handle tables are guarded by one lock (held for
   dict work only, never for I/O), and reads of one handle are serialised by the handle's lock (a
   DatasetFile keeps a current block and is not thread-safe). Read-ahead memory is one budget for
-  the whole daemon (the block source's ``MemoryBudget``), not per handle. A read is answered with
+  the whole daemon (the block source's ``readahead.budget``), not per handle. A read is answered with
   a view of the block, not a copy.
 - **Directory listings** answer READDIRPLUS: each entry the kernel took counts as a lookup.
 - **Errors** (:mod:`datacache_fuse.kernel.errnos`): ENOENT for missing paths, ESTALE for an inode

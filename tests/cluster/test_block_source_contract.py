@@ -3,9 +3,12 @@ implementation: the in-process LocalBlockSource and the ClusterBlockSource over 
 processes, both reading a real S3 server (moto) through a proxy that counts the object GETs.
 
 Cases: a miss then hits, single-flight (concurrent readers of one cold block make one UFS GET),
-warmup fills, the memory budget (read-ahead skipped without room, back to 0 after), a version
-change (an uncached block of the old version is ESTALE, never new bytes; cached ones stay), a
-corrupt block on disk (never returned, and dropped by the scrub), and, for workers, a dead worker (a slower read only).
+warmup fills, the memory budget (read-ahead skipped without room, back to 0 after), read-ahead
+through the source's ReadAhead (a prefetched block is read without a second UFS or worker GET;
+read-ahead nobody reads stays within the budget and gives it back; many sequential readers on
+one thread per pool never deadlock), a version change (an uncached block of the old version is
+ESTALE, never new bytes; cached ones stay), a corrupt block on disk (never returned, and dropped
+by the scrub), and, for workers, a dead worker (a slower read only).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import uuid
 
 import pytest
 
-from cluster_support import corrupt_block_files, kill_worker, reap, worker_dirs
+from cluster_support import corrupt_block_files, kill_worker, reap, wait_for, worker_dirs, worker_metrics
+from datacache.cache import readahead
 from datacache.cache.blocks import block_count, block_range
 from datacache.cache.blocksource import BlockSource
+from datacache.cluster import worker_source
 from datacache.errors import StaleFileError
 from support import apply_dataset
 
@@ -132,7 +137,7 @@ def test_concurrent_readers_of_a_cold_block_make_one_ufs_read(stack):
             t.join(60)
         assert not errors and got == [hashlib.sha256(_block(data, 0)).hexdigest()] * 8
         assert stack[2].object_gets(name) == 1
-        assert source.budget.used == 0
+        assert source.readahead.budget.used == 0
 
 
 def test_fill_stores_each_missing_block_once(stack):
@@ -145,12 +150,12 @@ def test_fill_stores_each_missing_block_once(stack):
         gets = stack[2].object_gets(name)
         assert b"".join(bytes(source.get(entry, i)) for i in range(n)) == data
         assert stack[2].object_gets(name) == gets
-        assert source.budget.used == 0
+        assert source.readahead.budget.used == 0
 
 
 def test_read_ahead_stays_within_the_budget(stack):
     with _reading(stack, 3 * BS) as (name, data, entry, source):
-        budget = source.budget
+        budget = source.readahead.budget
         assert budget.acquire(budget.limit, blocking=False)  # no room at all
         try:
             source.prefetch(entry, 0)
@@ -167,6 +172,87 @@ def test_read_ahead_stays_within_the_budget(stack):
         assert bytes(source.get(entry, 1)) == _block(data, 1)
         assert stack[2].object_gets(name) == 1
         assert budget.used == 0 and budget.peak <= budget.limit
+
+
+def _served(stack) -> int:
+    """Block GETs the runtime's workers answered so far (0 in-process: no workers)."""
+    kind, home = stack[0], stack[5]
+    if KINDS[kind] == 1:
+        return 0
+    return int(sum(m.get("datacache_worker_hits_total", 0) + m.get("datacache_worker_misses_total", 0)
+                   for m in worker_metrics(home, "contract").values()))
+
+
+def test_a_prefetched_block_is_read_without_a_second_fetch(stack):
+    workers = KINDS[stack[0]] > 1
+    with _reading(stack, 3 * BS) as (name, data, entry, source):
+        if workers:  # every read from a worker is then a GET it counts (no same-node block file read)
+            source.router.short_circuit = False
+        served = _served(stack)
+        source.prefetch(entry, 1)
+        wait_for(lambda: stack[2].object_gets(name) == 1 and source.is_cached(entry, 1), 30, "block 1 prefetched")
+        assert bytes(source.get(entry, 1)) == _block(data, 1)
+        assert stack[2].object_gets(name) == 1  # the one UFS GET of the prefetch
+        assert _served(stack) - served == (1 if workers else 0)  # the prefetch's GET only
+        wait_for(lambda: source.readahead.budget.used == 0, 30, "the prefetch's memory to be given back")
+
+
+def test_read_ahead_nobody_reads_stays_within_the_budget_and_is_given_back(stack):
+    name, data = _new_file(stack, 8 * BS)
+    client = _open(stack)
+    budget = client.source.readahead.budget
+    limit, budget.limit = budget.limit, 4 * BS  # blocks kept ahead: 2 at most (half the budget)
+    budget.peak = budget.used
+    try:
+        entry = client.stat(name)
+        with client.open(name) as f:  # a run of two blocks, then left: 2 and 3 were loading ahead
+            assert f.read(2 * BS) == data[:2 * BS]
+        for i in range(8):  # hints beyond what the buffer keeps: the oldest go first
+            client.source.prefetch(entry, i)
+        wait_for(lambda: budget.used <= budget.limit // 2, 30, "read-ahead to settle within half the budget")
+        assert budget.peak <= budget.limit
+        assert stack[2].object_gets(name) <= 8  # never a block twice from the UFS
+    finally:
+        client.close()
+        budget.limit = limit
+    assert budget.used == 0
+
+
+def test_many_sequential_readers_on_one_thread_per_pool_never_deadlock(stack, monkeypatch):
+    """A load ahead (``source.get``) waits for the fill a hint started. With one pool for both,
+    loads queued before the fills they wait for take every thread and hang for good; with one
+    thread per pool, twelve readers of three cold files, staggered a block apart, all finish."""
+    monkeypatch.setattr(readahead, "FILL_THREADS", 1)
+    monkeypatch.setattr(readahead, "LOAD_THREADS", 1)
+    monkeypatch.setattr(worker_source, "FETCH_THREADS", 1)
+    files = dict(_new_file(stack, 10 * BS + 5) for _ in range(3))
+    client = _open(stack)
+    want = {(name, k): hashlib.sha256(data[k * BS:]).hexdigest() for name, data in files.items() for k in range(4)}
+    got, errors = {}, []
+
+    def read(name: str, first: int) -> None:
+        try:
+            h = hashlib.sha256()
+            with client.open(name) as f:
+                f.seek(first * BS)
+                while chunk := f.read(64 << 10):
+                    h.update(chunk)
+            got[(name, first)] = h.hexdigest()
+        except Exception as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=read, args=key, daemon=True) for key in want]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    hung = sum(t.is_alive() for t in threads)
+    if hung:  # the client stays open: closing it would wait for the hung loads
+        pytest.fail(f"{hung} of {len(threads)} sequential readers hung (loads ahead deadlocked)")
+    assert not errors and got == want
+    client.close()
+    assert client.source.readahead.budget.used == 0
 
 
 def test_a_changed_object_never_serves_new_bytes_for_the_old_version(stack):

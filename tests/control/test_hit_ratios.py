@@ -8,6 +8,7 @@ import os
 
 from cluster_support import MiB, apply_cluster, worker_metrics, write_files
 from datacache.cache.budget import MemoryBudget
+from datacache.cache.readahead import ReadAhead
 from datacache.cache.stats import HitStats
 from datacache.cluster import auth
 from datacache.cluster.worker_client import WorkerClient
@@ -34,7 +35,8 @@ def reader_on_another_node(plane, home, name: str):
                            1.0, 10.0)
     router = Router(open_membership(str(home)), "default", name, node="elsewhere")
     stats = HitStats(os.path.join(str(home), "stats", "default", name))
-    client.source = ClusterBlockSource(name, router, workers, client.ufs, MemoryBudget(64 * MiB), stats)
+    client.source = ClusterBlockSource(name, router, workers, client.ufs,
+                                       ReadAhead(MemoryBudget(64 * MiB), runtime.spec.block_size_bytes), stats)
     return client
 
 

@@ -127,7 +127,7 @@ def test_sequential_reader_loads_the_next_block_ahead_within_the_budget(datacach
     plane = apply_dataset(datacache_home, "ahead", [{"name": "local", "mountPoint": str(src)}])
     client = plane.open_dataset("ahead")
     try:
-        budget = client.source.budget
+        budget = client.source.readahead.budget
         mib = 1 << 20
         with client.open("f.bin") as f:
             got = [bytes(f.view(off, mib)) for off in range(0, 8 * mib, mib)]  # blocks 0 and 1
