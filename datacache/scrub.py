@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from datacache.cache.blocks import block_count, block_range
+from datacache.cache.blocks import block_range
 from datacache.manifest import FileEntry
 
 
