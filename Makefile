@@ -54,8 +54,9 @@ venv: system $(STAMP)
 $(STAMP): pyproject.toml | system
 	$(call say,make venv: creating $(VENV) with $(PYTHON))
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(call say,make venv: installing datacache with its dev extras and torch 2.13.0 (CPU) with pip \
-	  (each package is named as it is fetched))
+	$(call say,make venv: installing datacache with its dev extras and torch 2.13.0 (CPU) with pip: \
+	  each package is named as it is fetched; then pip installs them all (about 100) without a word \
+	  for 1-2 minutes)
 	$(VENV)/bin/python -m pip install -e '.[dev]' 'torch==2.13.0'
 	touch $@
 	$(call say,make venv: $(VENV) is ready)

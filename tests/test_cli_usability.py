@@ -192,6 +192,16 @@ def test_warmup_of_a_missing_dataset_draws_no_bar(datacache_home):
                                     "FILE); see 'datacache get datasets'\n")
 
 
+def test_a_misspelt_dataset_name_is_answered_with_the_close_one(datacache_home, tmp_path):
+    local_dataset(tmp_path, datacache_home, "photos", {"a.jpg": b"x" * 10})
+    for verb in (["warmup", "photo"], ["ls", "phtos"], ["mount", "photo", str(tmp_path / "mnt")]):
+        proc = dc(*verb, home=datacache_home)
+        assert proc.returncode == 1 and proc.stderr.decode() == (
+            f"error: dataset default/{verb[1]} not found: did you mean 'photos'? else apply it first "
+            "(datacache apply -f FILE); see 'datacache get datasets'\n"), verb
+    assert not (tmp_path / "mnt").exists() or not os.listdir(tmp_path / "mnt")
+
+
 def test_warmup_bar_rate_is_ufs_bytes_per_second_in_mib():
     from rich.progress import Progress
 

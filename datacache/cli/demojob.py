@@ -65,10 +65,24 @@ def _decode(open_file, path: str) -> None:
                     raise ValueError(f"{path}: empty tar shard")
 
 
+def _every(seconds: float, say):
+    """``say`` wrapped to pass on at most one line every ``seconds`` (a long step shows it is alive)."""
+    last = [time.monotonic()]
+
+    def throttled(line: str) -> None:
+        if time.monotonic() - last[0] >= seconds:
+            last[0] = time.monotonic()
+            say(line)
+    return throttled
+
+
 def _verify(label: str, sums: dict[str, str], read, open_file) -> list[str]:
-    """Check every file's sha256 through ``read(path)`` and decode it through ``open_file``."""
+    """Check every file's sha256 through ``read(path)`` and decode it through ``open_file``; says
+    how far it got every 5 seconds."""
     failures = []
-    for path, digest in sums.items():
+    say = _every(5.0, lambda line: click.echo(f"    {label}: {line}"))
+    for n, (path, digest) in enumerate(sums.items()):
+        say(f"{n}/{len(sums)} files checked")
         if hashlib.sha256(read(path)).hexdigest() != digest:
             failures.append(f"{label}: {path}: checksum mismatch")
             continue
@@ -117,7 +131,8 @@ def run_demo(n_jpeg: int = 2000, shard_bytes: int = 256 << 20, keep: bool = Fals
         with MotoServer() as s3:
             _step(f"S3 endpoint on loopback: {s3.endpoint_url}; generating the training set")
             t0 = time.perf_counter()
-            sums = build_demo_dataset(s3.s3fs(), BUCKET, local_dir, n_jpeg=n_jpeg, shard_bytes=shard_bytes)
+            sums = build_demo_dataset(s3.s3fs(), BUCKET, local_dir, n_jpeg=n_jpeg, shard_bytes=shard_bytes,
+                                      progress=_every(5.0, lambda line: click.echo(f"    {line}")))
             click.echo(f"    {len(sums)} files, generated and uploaded in {time.perf_counter() - t0:.1f}s")
 
             os.environ[env_name("demo-s3", "access-key")] = DUMMY_KEY

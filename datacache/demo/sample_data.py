@@ -39,7 +39,7 @@ import queue
 import tarfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -216,12 +216,14 @@ def make_jpeg_tree(
     seed: int = 0,
     *,
     checksums: dict[str, str] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Write an ImageNet-style tree ``root/train/<wnid>/<wnid>_<k>.JPEG`` of real JPEGs.
 
     ``fs`` is any fsspec filesystem (``None``: local). Files are spread round-robin over
     ``n_classes`` class folders; sizes are log-uniform over ~22–285 KB and always within 20–300 KB.
-    Returns the written paths (``root`` joined, sorted); fills ``checksums[path] = sha256`` if given.
+    Returns the written paths (``root`` joined, sorted); fills ``checksums[path] = sha256`` if given;
+    calls ``progress(files written so far)`` after each uploaded batch.
     """
     if n_files < 0 or n_classes < 1:
         raise ValueError("n_files must be >= 0 and n_classes >= 1")
@@ -241,6 +243,8 @@ def make_jpeg_tree(
             if batch and (len(batch) >= _PIPE_BATCH or i == n_files):
                 if pending is not None:
                     pending.result()
+                    if progress is not None:
+                        progress(i - len(batch))
                 pending = pool.submit(_write_many, fs, batch)
                 batch = {}
             if i == n_files:
@@ -535,6 +539,7 @@ def build_demo_dataset(
     row_group_size: int = 50_000,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     seed: int = 0,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, str]:
     """Fill ``s3://bucket`` and ``local_root`` with the demo dataset; return {dataset path: sha256}.
 
@@ -547,7 +552,9 @@ def build_demo_dataset(
 
     Dataset paths have no leading slash. The bucket is created if missing. Small values of the
     keyword arguments make a tiny copy for tests (e.g. ``n_jpeg=40, shard_bytes=8 << 20``).
+    ``progress(line)`` is called as the parts are written (a line for a person to read).
     """
+    say = progress or (lambda line: None)
     bucket = bucket.strip("/")
     if bucket.startswith("s3://"):  # pragma: no cover - tolerate either spelling
         bucket = bucket[5:]
@@ -559,9 +566,12 @@ def build_demo_dataset(
     os.makedirs(local_root, exist_ok=True)
 
     sums: dict[str, str] = {}
-    jpegs = make_jpeg_tree(s3fs_obj, f"{bucket}/imagenet", n_jpeg, n_classes, seed, checksums=sums)
+    jpegs = make_jpeg_tree(s3fs_obj, f"{bucket}/imagenet", n_jpeg, n_classes, seed, checksums=sums,
+                           progress=lambda n: say(f"JPEGs: {n}/{n_jpeg} encoded and uploaded"))
+    say(f"JPEGs: {n_jpeg}/{n_jpeg} encoded and uploaded; writing {n_parquet} Parquet files")
     make_parquet_files(s3fs_obj, f"{bucket}/parquet", n_parquet, parquet_rows, row_group_size, seed,
                        n_classes=n_classes, checksums=sums)
+    say(f"Parquet files written; writing a {shard_bytes >> 20} MiB tar shard")
     make_tar_shard(s3fs_obj, f"{bucket}/shards/shard-000000.tar", shard_bytes, seed,
                    n_classes=n_classes, checksums=sums)
     s3fs_obj.invalidate_cache(bucket)

@@ -13,6 +13,7 @@ embedded supervisor) and ``sync(name, namespace)`` (list a dataset that has no m
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 import os
@@ -81,7 +82,10 @@ class ReadPath:
         """The resource model, or raises ResourceError naming what is missing."""
         doc = self.state.get(kind, name, namespace)
         if doc is None:
-            raise ResourceError(f"{kind.lower()} {namespace}/{name} not found: apply it first "
+            known = [d["metadata"]["name"] for d in self.state.list(kind, namespace)]
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}? else " if close else ""
+            raise ResourceError(f"{kind.lower()} {namespace}/{name} not found: {hint}apply it first "
                                 f"(datacache apply -f FILE); see 'datacache get {kind.lower()}s'")
         return load_resource_dict(doc, f"state:{kind}/{namespace}/{name}")
 

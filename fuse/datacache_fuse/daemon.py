@@ -163,11 +163,16 @@ def choose_read_mode(client) -> tuple[bool, str]:
 
 
 def read_mode_line(handles: bool, why: str) -> str:
-    """What a mount tells the user about its read mode: ``"passthrough (WHY)"`` or ``"no-open
-    (WHY)"``, naming ``--read-mode`` when the choice was automatic."""
-    mode = "passthrough" if handles else "no-open"
-    hint = "" if why == "as asked" else "; --read-mode passthrough|no-open forces one"
-    return f"{mode} ({why}{hint})"
+    """What a mount tells the user about its read mode, in plain words: the mode, what it is good
+    for, and why it was chosen (``why``: the share of large files, or ``"as asked"``), naming the
+    other ``--read-mode`` when the choice was automatic."""
+    if handles:
+        line = "passthrough: the kernel reads complete cached files directly, best for large files"
+        other = "--read-mode no-open suits a tree of small files"
+    else:
+        line = "no-open: opening a file costs no request to the daemon, best for many small files"
+        other = "--read-mode passthrough suits large files"
+    return f"{line} ({why})" if why == "as asked" else f"{line} ({why}; {other})"
 
 
 def _watched_pid() -> int | None:
