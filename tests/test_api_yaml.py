@@ -130,7 +130,7 @@ def test_valid_multi_document_file_loads_with_defaults(tmp_path):
     assert (ssd.high, ssd.low) == (0.95, 0.7)
     assert mem.quota_bytes == 1610612736 and (mem.high, mem.low) == (0.9, 0.5)
     assert [lv.mediumtype for lv in rt.spec.tieredstore.ordered_levels] == ["MEM", "SSD"]
-    assert rt.spec.fuse.read_ahead_blocks == 4 and rt.spec.fuse.attr_timeout == 60
+    assert rt.spec.fuse.read_ahead_blocks == 4 and rt.spec.fuse.attr_timeout == 7200
     assert rt.spec.worker.port is None
 
     assert dl.spec.dataset.name == "imagenet" and dl.spec.dataset.namespace == "default"

@@ -570,11 +570,15 @@ class TieredStore(_Model):
 
 
 class FuseSpec(_Model):
-    """``fuse``: mount options (``-o`` style, name → value), read-ahead in blocks, attribute TTL in seconds."""
+    """``fuse``: mount options (``-o`` style, name → value), read-ahead in blocks, and how long the
+    kernel may cache entries and attributes (seconds; default 7,200, Fluid's ``attr_timeout`` and
+    ``entry_timeout`` for its FUSE clients: the mount pushes every change of the manifest to the
+    kernel as an invalidation, so the timeout only bounds what a lost one leaves; a short one makes
+    every epoch longer than it look each file up again)."""
 
     options: dict[str, str] = Field(default_factory=dict)
     read_ahead_blocks: Annotated[int, Field(ge=0)] = 4
-    attr_timeout: Annotated[float, Field(ge=0)] = 60.0
+    attr_timeout: Annotated[float, Field(ge=0)] = 7200.0
 
 
 class WorkerSpec(_Model):
