@@ -191,7 +191,10 @@ def test_keep_cache_serves_a_second_epoch_from_the_page_cache(mnt, fuse_env):
         with open(f"/proc/{pid}/io") as f:
             return int(dict(line.split(": ") for line in f.read().splitlines())["rchar"])
 
-    assert sha256_path(path) == fuse_env.expected["local/big.bin"]  # epoch 1 (may hit the daemon)
+    # Epoch 1 may hit the daemon, and so may the first open of the file once it is complete in the
+    # cache (its record is checked before it is passed through): run alone, that is the next one.
+    for _ in range(2):
+        assert sha256_path(path) == fuse_env.expected["local/big.bin"]
     before = daemon_read_bytes()
     assert sha256_path(path) == fuse_env.expected["local/big.bin"]  # epoch 2: a new open
     assert daemon_read_bytes() - before < BIG_SIZE // 8
