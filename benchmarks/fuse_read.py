@@ -26,7 +26,9 @@ Systems:
   read mode a dataset of its kind gets from ``--read-mode auto``: the large-file rows a
   ``--read-mode passthrough`` mount, the small-file rows ``--read-mode no-open`` mounts of that home
   and of a second home with a MEM + SSD runtime over the *same* SSD directory (its SSD level's
-  ``path`` points at the first home's);
+  ``path`` points at the first home's); the small-file rows also read the SSD home through a
+  third no-open mount with ``-o io_uring`` (FUSE over io_uring: the fuse module's ``enable_uring``
+  is turned on for its INIT and back after; the row is left out, with a note, where it cannot be);
 - **rclone mount --vfs-cache-mode full** (Debian's rclone) of the same bucket prefix on the same
   moto server, run with ``env -u AWS_CA_BUNDLE``, an S3 remote (provider Other, dummy keys) with
   ``--s3-endpoint``, ``--read-only`` and ``--dir-cache-time 1h``; its vfs cache is warmed by one full
@@ -266,14 +268,14 @@ class Mounts:
     mounts: list[Mount] = field(default_factory=list)
 
     def datacache(self, label: str, home: str, mountpoint: str, read_mode: str = "auto",
-                  dataset: str = DATASET) -> Mount:
-        """``datacache mount DATASET MOUNTPOINT --background --read-mode READ_MODE``, recorded for
-        :meth:`cleanup`. Raises RuntimeError when it fails."""
+                  dataset: str = DATASET, options: tuple[str, ...] = ()) -> Mount:
+        """``datacache mount DATASET MOUNTPOINT --background --read-mode READ_MODE [-o OPTION]...``,
+        recorded for :meth:`cleanup`. Raises RuntimeError when it fails."""
         from datacache_fuse.daemon import read_state
 
         os.makedirs(mountpoint, exist_ok=True)
         cmd = [sys.executable, "-m", "datacache", "mount", dataset, mountpoint, "--background", "--home", home,
-               "--read-mode", read_mode]
+               "--read-mode", read_mode, *(arg for o in options for arg in ("-o", o))]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
                            check=False)
         m = re.search(r"daemon pid (\d+)", r.stdout)
@@ -581,6 +583,24 @@ class FuseReadBench:
                     remove_tree_parallel(env.work, keep_top=True)
             self.work = env.work
 
+    def mount_uring(self, env: DemoEnvironment, home: str) -> Mount | None:
+        """The SSD runtime mounted no-open with ``-o io_uring`` (FUSE over io_uring, one ring
+        queue per CPU), the fuse module's ``enable_uring`` turned on for its INIT and back after;
+        None (with a note) where the kernel or this user cannot."""
+        from datacache_fuse.kernel.ring_queue import enable_uring_while
+
+        label = f"datacache mount [{self.ssd_label}, no-open, -o io_uring]"
+        try:
+            with enable_uring_while():
+                mount = self.mounts.datacache(label, home, env.path("mnt-uring"), "no-open", options=("io_uring",))
+        except OSError as err:
+            self.notes.append(f"no io_uring row: the fuse module's enable_uring cannot be set ({err})")
+            return None
+        with open(mount.log, encoding="utf-8") as f:
+            if "FUSE over io_uring:" not in f.read():
+                raise RuntimeError(f"{label}: the daemon did not start its ring queues; see {mount.log}")
+        return mount
+
     def run_mounted(self, env: DemoEnvironment, home_ssd: str, home_mem: str) -> None:
         args, log = self.args, self.log
         # Each workload gets the read mode a mount would pick for a dataset of its kind (one
@@ -591,8 +611,10 @@ class FuseReadBench:
                                       env.path("mnt-ssd"), "no-open")
         m_mem = self.mounts.datacache(f"datacache mount [{self.mem_label}, no-open]", home_mem,
                                       env.path("mnt-mem"), "no-open")
-        for m in (m_pt, m_ssd, m_mem):
-            log(f"    mounted: {m.mountpoint} (daemon pid {m.pid})")
+        m_uring = self.mount_uring(env, home_ssd)
+        for m in (m_pt, m_ssd, m_mem, m_uring):
+            if m is not None:
+                log(f"    mounted: {m.mountpoint} (daemon pid {m.pid})")
         rclone_mount = None
         if not args.no_rclone:
             conf = env.path("rclone.conf")
@@ -653,7 +675,9 @@ class FuseReadBench:
             systems.append((f"{rclone_mount.label}, 2nd+ pass", "peer",
                             [os.path.join(rclone_mount.mountpoint, *r.split("/")) for r in self.small_rel],
                             rclone_mount.pid))
-        for m in (m_ssd, m_mem):
+        for m in (m_ssd, m_mem, m_uring):
+            if m is None:
+                continue
             systems.append((m.label, "subject",
                             [os.path.join(m.mountpoint, "s3", *JPEG_PREFIX.split("/"), *r.split("/"))
                              for r in self.small_rel], m.pid))
@@ -924,7 +948,8 @@ def main(argv: list[str] | None = None) -> int:
           f"small files {READERS} processes, open() + read(); figures: median of {args.repeat} timed pass(es); "
           "MB = 10^6 bytes")
     print(f"runtimes: large files [{bench.ssd_label}] mounted --read-mode passthrough; small files "
-          f"[{bench.ssd_label}] and [{bench.mem_label}] mounted --read-mode no-open; blockSize 4Mi; "
+          f"[{bench.ssd_label}] and [{bench.mem_label}] mounted --read-mode no-open (the SSD one also "
+          f"with -o io_uring); blockSize 4Mi; "
           "all blocks warmed up before mounting")
     print()
     print(text)

@@ -65,7 +65,7 @@ def serve(src: str, mountpoint: str, mode: str, workers: int) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # workers inherit the mask
     ops = MirrorOperations(src, passthrough=mode == "passthrough", no_open=mode == "no-open", timeout=3600)
     server = FuseServer(ops, mountpoint, fsname=f"datacache:bench/{mode}", passthrough=mode == "passthrough",
-                        workers=workers)
+                        workers=workers, uring=os.environ.get("DATACACHE_BENCH_URING") == "1")
     session = server.start()
     print("ready", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})

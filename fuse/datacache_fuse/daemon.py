@@ -47,6 +47,9 @@ log = logging.getLogger("datacache_fuse")
 
 READ_AHEAD_KIB = 1024  # bdi read_ahead_kb: 1 MiB kernel read requests
 WORKERS = 16  # threads serving requests, per daemon
+# Mount option (libfuse 3.18's name) asking for FUSE over io_uring: used when the kernel offers it,
+# i.e. with the fuse module parameter enable_uring on (see datacache_fuse.kernel.ring_queue).
+IO_URING = "io_uring"
 TRIM_IDLE_S = 1.0  # seconds without a fill in flight after requests before free memory is handed back
 PASSTHROUGH_MIN_BYTES = 4 << 20  # files from this size on count as large when choosing the read mode
 WATCH_PID_ENV = "DATACACHE_FUSE_WATCH_PID"  # a harness's pid: its exit ends the daemon (test runners set it)
@@ -392,12 +395,12 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
     from datacache_fuse.kernel.server import FuseServer
     from datacache_fuse.kernel_ops import DatasetOperations
 
-    own = {"ro", "default_permissions", "allow_other"}
+    own = {"ro", "default_permissions", "allow_other", IO_URING}
     extra = tuple(sorted(o for o in opts if o not in own and not o.startswith(("fsname=", "subtype="))))
     ops = DatasetOperations(client, attr_timeout=attr_timeout, no_open=not handles, passthrough=handles)
     server = FuseServer(ops, mountpoint, fsname=f"datacache:{namespace}/{dataset}", workers=workers,
                         passthrough=handles, allow_other="allow_other" in opts, options=extra,
-                        read_ahead_kib=read_ahead_kib)
+                        read_ahead_kib=read_ahead_kib, uring=IO_URING in opts)
     stop = threading.Event()
     signalled: list[str] = []
 

@@ -6,6 +6,7 @@ Kept out of ``conftest.py`` so that test modules import them by a name of their 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -31,6 +32,24 @@ S3_KEY, S3_SECRET = "AKIAFUSETESTDUMMYKEY", "fuse-dummy-secret-Zq8v"
 # Case C7: every awkward character, one file each.
 C7_NAMES = ["a?b.txt", "100%.txt", "#hash.txt", "a+b.txt", "with space.txt", "caf\u00e9.txt",
             "\u4e2d\u6587.txt", "-leading.txt"]
+
+
+@contextlib.contextmanager
+def uring_enabled(on: bool = True):
+    """With ``on``: the fuse module offers FUSE over io_uring inside the block (see
+    :func:`datacache_fuse.kernel.ring_queue.enable_uring_while`). Skips the test where the kernel
+    has no FUSE io_uring."""
+    from datacache_fuse.kernel.ring_queue import ENABLE_URING, enable_uring_while
+
+    if not on:
+        yield
+        return
+    if not os.path.exists(ENABLE_URING):
+        import pytest
+
+        pytest.skip("this kernel has no FUSE over io_uring (Linux >= 6.14 with CONFIG_FUSE_IO_URING)")
+    with enable_uring_while():
+        yield
 
 
 def sha256(data: bytes) -> str:

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from datacache_fuse.daemon import read_state
-from fuse_support import BIG_SIZE, cli, daemon_pid, force_cleanup, mount, sha256, sha256_path, wait_until
+from fuse_support import (BIG_SIZE, cli, daemon_pid, force_cleanup, mount, sha256, sha256_path, uring_enabled,
+                          wait_until)
 
 
 def _read_syscalls(pid: int) -> int:
@@ -29,11 +30,12 @@ def _log(home: str, mountpoint: str) -> str:
         return f.read()
 
 
-def test_more_requests_at_once_than_the_daemon_has_workers_all_answered(fuse_env, fuse_moto, mountpoint):
+@pytest.mark.parametrize("transport", ["dev", "io_uring"])
+def test_more_requests_at_once_than_the_daemon_has_workers_all_answered(fuse_env, fuse_moto, mountpoint, transport):
     """96 threads read 96 cold files at once (each READ waits on a GET from moto); the daemon
-    serves with 16 worker threads, so most requests wait in the kernel's queue until one is free.
-    Every byte comes back right, with buffered opens (an IOCTL each) mixed in, and the daemon
-    still serves."""
+    serves with 16 worker threads (``-o io_uring``: 4 per CPU's ring queue), so most requests
+    wait in the kernel's queue until one is free. Every byte comes back right, with buffered opens
+    (an IOCTL each) mixed in, and the daemon still serves."""
     import threading
 
     import numpy as np
@@ -43,9 +45,10 @@ def test_more_requests_at_once_than_the_daemon_has_workers_all_answered(fuse_env
     rng = np.random.default_rng(13)
     objects = {f"g{i:03d}.bin": rng.bytes(int(rng.integers(200_000, 600_000))) for i in range(96)}
     fs = fuse_moto.s3fs(key=S3_KEY, secret=S3_SECRET)
-    fs.mkdir("fuseburst")
-    fs.pipe({f"fuseburst/data/{k}": v for k, v in objects.items()})
-    apply_dataset(fuse_env.home, "burst", fuse_moto.endpoint_url, "fuseburst", None)
+    bucket = "fuseburst" if transport == "dev" else "fuseburst-uring"  # one moto serves both
+    fs.mkdir(bucket)
+    fs.pipe({f"{bucket}/data/{k}": v for k, v in objects.items()})
+    apply_dataset(fuse_env.home, "burst", fuse_moto.endpoint_url, bucket, None)
     start = threading.Barrier(len(objects))
     got: dict[str, str] = {}
 
@@ -56,7 +59,9 @@ def test_more_requests_at_once_than_the_daemon_has_workers_all_answered(fuse_env
 
     pid = None
     try:
-        pid = mount(fuse_env, mountpoint, name="burst")
+        with uring_enabled(transport == "io_uring"):
+            pid = mount(fuse_env, mountpoint, *(("-o", "io_uring") if transport == "io_uring" else ()), name="burst")
+        assert ("FUSE over io_uring: 8 threads" in _log(fuse_env.home, mountpoint)) == (transport == "io_uring")
         threads = [threading.Thread(target=read, args=(rel, i % 2 == 0)) for i, rel in enumerate(objects)]
         for thread in threads:
             thread.start()

@@ -8,6 +8,7 @@ and from the operations (what was called).
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
@@ -27,6 +28,7 @@ from datacache_fuse.kernel.abi import Op
 from datacache_fuse.kernel.mirror import MirrorOperations
 from datacache_fuse.kernel.operations import OpenOut
 from datacache_fuse.kernel.server import FuseServer
+from fuse_support import uring_enabled
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() != 0,
                                 reason="needs /dev/fuse and root (mount(2) of a FUSE file system)")
@@ -81,11 +83,12 @@ def tree(tmp_path_factory):
     assert not leftovers, f"FUSE mounts left behind: {leftovers}"
 
 
-def serve(root: str, mp: str, **kwargs) -> tuple[FuseServer, MirrorOperations]:
-    """Mount a mirror of ``root`` at ``mp``; ``kwargs`` are MirrorOperations' options."""
+def serve(root: str, mp: str, uring: bool = False, **kwargs) -> tuple[FuseServer, MirrorOperations]:
+    """Mount a mirror of ``root`` at ``mp``; ``kwargs`` are MirrorOperations' options; ``uring``:
+    FUSE over io_uring (see :func:`fuse_support.uring_enabled`)."""
     os.makedirs(mp, exist_ok=True)
     ops = MirrorOperations(root, **kwargs)
-    server = FuseServer(ops, mp, fsname="datacache:test/tree", passthrough=ops.passthrough)
+    server = FuseServer(ops, mp, fsname="datacache:test/tree", passthrough=ops.passthrough, uring=uring)
     server.start()
     return server, ops
 
@@ -94,6 +97,9 @@ MODES = {
     "read": dict(passthrough=False),
     "passthrough": dict(passthrough=True),
     "no-open": dict(no_open=True, readdirplus=True),
+    # The same over FUSE over io_uring: requests come on per-CPU ring queues, not /dev/fuse.
+    "read-uring": dict(passthrough=False, uring=True),
+    "no-open-uring": dict(no_open=True, readdirplus=True, uring=True),
 }
 
 
@@ -102,11 +108,17 @@ def mounted(request, tree, tmp_path_factory):
     """``(mode, mountpoint, server, ops)`` for each mode, one mount per mode."""
     root, _ = tree
     mp = str(tmp_path_factory.mktemp(f"mnt-{request.param}"))
-    server, ops = serve(root, mp, **MODES[request.param])
+    with uring_enabled(MODES[request.param].get("uring", False)):
+        server, ops = serve(root, mp, **MODES[request.param])
     try:
+        if MODES[request.param].get("uring"):
+            assert server.session.rings and all(q.error is None for q in server.session.rings)
+        else:
+            assert not server.session.rings
         yield request.param, mp, server, ops
     finally:
         assert server.stop(timeout=10), "the session did not end after unmount"
+        assert server.session.alive_workers == 0  # ring threads too
 
 
 # -- names, attributes, directories -----------------------------------------------------------------
@@ -125,7 +137,7 @@ def test_tree_lookup_stat_readdir(mounted, tree):
     assert sizes == {f"f{i:04d}": i % 7 for i in range(MANY)}
     assert all(e.is_file() for e in os.scandir(os.path.join(mp, "many")))
     counts = server.session.counts()
-    if mode == "no-open":  # READDIRPLUS answered; OPENDIR answered once at most
+    if mode.startswith("no-open"):  # READDIRPLUS answered; OPENDIR answered once at most
         assert counts[Op.READDIRPLUS] >= 2
     else:
         assert counts[Op.READDIR] >= 2 and counts[Op.READDIRPLUS] == 0
@@ -189,7 +201,12 @@ def test_reads_equal_the_source(mounted, tree):
         assert wait_for(lambda: server.session.backing.open_ids == 0)  # released with the last handle
     else:
         assert counts[Op.READ] > 0 and ops.calls["read"] > 0
-    if mode == "no-open":
+    if mode.endswith("-uring"):  # what the kernel sent came on the ring queues, IOCTL answered there
+        ringed = collections.Counter()
+        for queue in server.session.rings:
+            ringed.update(queue.counter)
+        assert ringed[Op.READ] == counts[Op.READ] > 0 and ringed[Op.IOCTL] >= 1
+    if mode.startswith("no-open"):
         # OPEN answered ENOSYS once; from then on the kernel opens without asking.
         assert counts[Op.OPEN] == 1 and ops.calls["open"] == 1 and counts[Op.RELEASE] == 0
         assert server.session.no_open
@@ -287,7 +304,8 @@ def test_refused_passthrough_falls_back_to_read(tree, tmp_path, caplog):
     assert len(told) == 1, told  # said once, not per file
 
 
-def test_invalidation_after_the_tree_changes(tmp_path):
+@pytest.mark.parametrize("uring", [False, True], ids=["dev", "uring"])
+def test_invalidation_after_the_tree_changes(tmp_path, uring):
     root = tmp_path / "src"
     (root / "inv").mkdir(parents=True)
     (root / "inv" / "f.txt").write_bytes(b"old")
@@ -295,7 +313,11 @@ def test_invalidation_after_the_tree_changes(tmp_path):
     mp = str(tmp_path / "mnt")
     os.makedirs(mp)
     ops = MirrorOperations(str(root), timeout=60.0)
-    with FuseServer(ops, mp, passthrough=False) as server:
+    server = FuseServer(ops, mp, passthrough=False, uring=uring)
+    with uring_enabled(uring):
+        server.start()
+    try:
+        assert bool(server.session.rings) == uring  # notifications still go through /dev/fuse
         f, g = os.path.join(mp, "inv", "f.txt"), os.path.join(mp, "inv", "g.txt")
         assert os.stat(f).st_size == 3 and open(g, "rb").read() == b"AAAA"
         # A new version of f.txt (a new file, a new inode) and new bytes in g.txt (same inode).
@@ -311,6 +333,8 @@ def test_invalidation_after_the_tree_changes(tmp_path):
         assert server.session.notify_inval_inode(ops.ino_of("inv/g.txt")) is True
         assert open(g, "rb").read() == b"BBBB"
         assert server.session.notify_inval_entry(parent, b"never-looked-up") is False
+    finally:
+        assert server.stop(timeout=10)
 
 
 def test_clean_unmount_ends_the_session(tree, tmp_path):

@@ -35,19 +35,21 @@ class FuseServer:
     ``fsname``/``subtype``: the mount table's source and ``fuse.<subtype>`` type; ``passthrough``,
     ``max_stack_depth``: see :class:`.session.Session`; ``method``: see :func:`.mount.mount`;
     ``read_ahead_kib``: the bdi read-ahead (0 keeps the kernel's); ``options``: more kernel mount
-    options. Raises
+    options; ``uring``: ask for FUSE over io_uring (see :mod:`.ring_queue`). Raises
     :class:`.mount.FuseMountError` when the mount is refused.
     """
 
     def __init__(self, ops: Operations, mountpoint: str, *, fsname: str = "datacache", subtype: str = "datacache",
                  workers: int = 4, passthrough: bool = True, max_stack_depth: int = 1, allow_other: bool = True,
-                 method: str = "auto", read_ahead_kib: int = 1024, options: tuple[str, ...] = ()):
+                 method: str = "auto", read_ahead_kib: int = 1024, options: tuple[str, ...] = (),
+                 uring: bool = False):
         self.ops = ops
         self.mountpoint = mountinfo.canonical(mountpoint)
         self.fsname, self.subtype = fsname, subtype
         self.workers, self.passthrough, self.max_stack_depth = workers, passthrough, max_stack_depth
         self.allow_other, self.method, self.read_ahead_kib = allow_other, method, read_ahead_kib
         self.options = tuple(options)
+        self.uring = uring
         self.mounted: kmount.Mounted | None = None
         self.session: Session | None = None
 
@@ -56,7 +58,8 @@ class FuseServer:
         self.mounted = kmount.mount(self.mountpoint, self.fsname, self.subtype, allow_other=self.allow_other,
                                     options=self.options, method=self.method)
         self.session = Session(self.ops, self.mounted.fd, workers=self.workers, passthrough=self.passthrough,
-                               max_stack_depth=self.max_stack_depth, name=os.path.basename(self.mountpoint) or "fuse")
+                               max_stack_depth=self.max_stack_depth, name=os.path.basename(self.mountpoint) or "fuse",
+                               uring=self.uring)
         try:
             self.session.init()
             if self.read_ahead_kib:
