@@ -15,7 +15,9 @@ Systems, each mount served by a child process (``--serve``) running
 - **passthrough**: OPEN answers ``FOPEN_PASSTHROUGH`` on the local file: the kernel reads it;
 - **READ path**: OPEN answers a handle, every byte crosses the daemon (``os.pread`` + ``writev``);
 - **no-open**: OPEN answers ENOSYS once; the kernel then opens without asking and keeps the page
-  cache; bytes cross the daemon on a page-cache miss.
+  cache; bytes cross the daemon on a page-cache miss;
+- **no-open, io_uring**: the same over FUSE over io_uring (one ring queue per CPU; the fuse
+  module's ``enable_uring`` is turned on for its INIT and back after).
 
 Workloads (median of ``--rounds`` passes, sides interleaved; the ratio of the best passes is
 printed beside the medians' ratio):
@@ -33,6 +35,7 @@ received no READ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -47,11 +50,12 @@ from concurrent.futures import ProcessPoolExecutor
 
 from benchmarks.common import MB, cpu_seconds, format_table
 from benchmarks.fuse_read import drop_caches, read_paths
+from datacache_fuse.kernel.ring_queue import enable_uring_while
 from datacache.demo.sample_data import sha256_file as sha_file
 
 SMALL = 100_000
 PER_DIR = 100
-MODES = ("passthrough", "read", "no-open")
+MODES = ("passthrough", "read", "no-open", "no-open-uring")
 
 
 # -- the serving child ---------------------------------------------------------------------------
@@ -63,9 +67,9 @@ def serve(src: str, mountpoint: str, mode: str, workers: int) -> None:
 
     logging.basicConfig(level=logging.WARNING, format="serve %(levelname)s %(message)s")
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # workers inherit the mask
-    ops = MirrorOperations(src, passthrough=mode == "passthrough", no_open=mode == "no-open", timeout=3600)
+    ops = MirrorOperations(src, passthrough=mode == "passthrough", no_open=mode.startswith("no-open"), timeout=3600)
     server = FuseServer(ops, mountpoint, fsname=f"datacache:bench/{mode}", passthrough=mode == "passthrough",
-                        workers=workers, uring=os.environ.get("DATACACHE_BENCH_URING") == "1")
+                        workers=workers, uring=mode.endswith("-uring"))
     session = server.start()
     print("ready", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
@@ -159,7 +163,8 @@ def run(args: argparse.Namespace) -> None:
         large, large_sum, rels, sums = make_data(src, args.size_mib << 20, args.files)
         roots = {"local": src}
         for mode in MODES:
-            servers[mode] = Server(src, os.path.join(base, f"mnt-{mode}"), mode, args.workers)
+            with enable_uring_while() if mode.endswith("-uring") else contextlib.nullcontext():
+                servers[mode] = Server(src, os.path.join(base, f"mnt-{mode}"), mode, args.workers)
             roots[mode] = servers[mode].mountpoint
         for name, root in roots.items():  # every side's bytes, once
             if sha_file(os.path.join(root, large)) != large_sum:
@@ -183,17 +188,17 @@ def run(args: argparse.Namespace) -> None:
                 log(f"  round {k + 1} {side}: dropped {size / cold[side][-1] / MB:,.0f} MB/s, "
                     f"warm {size / warm[side][-1] / MB:,.0f} MB/s")
 
-        small_sides = ("local", "no-open", "passthrough", "read")
+        small_sides = ("local", "no-open", "no-open-uring", "passthrough", "read")
         hot = {s: [] for s in small_sides}
         dropped = {s: [] for s in small_sides}
         with ProcessPoolExecutor(args.procs) as pool:
             for side in small_sides:  # warm every side's page and entry caches
                 read_files(pool, [os.path.join(roots[side], r) for r in rels], args.procs)
             for k in range(args.rounds):
-                for side in small_sides[k % 4:] + small_sides[:k % 4]:
+                for side in small_sides[k % 5:] + small_sides[:k % 5]:
                     hot[side].append(read_files(pool, [os.path.join(roots[side], r) for r in rels], args.procs))
             for k in range(args.rounds):
-                for side in small_sides[k % 4:] + small_sides[:k % 4]:
+                for side in small_sides[k % 5:] + small_sides[:k % 5]:
                     drop_caches()
                     dropped[side].append(read_files(pool, [os.path.join(roots[side], r) for r in rels],
                                                     args.procs))
@@ -217,11 +222,11 @@ def run(args: argparse.Namespace) -> None:
     rows = []
     for label, series in ((f"{args.size_mib:,} MiB dd bs=1M, page cache dropped", cold),
                           (f"{args.size_mib:,} MiB dd bs=1M, warm", warm)):
-        rows.append([label, *cells(series, ("passthrough", "read"), size / MB, "MB/s"), "-"])
+        rows.append([label, *cells(series, ("passthrough", "read"), size / MB, "MB/s"), "-", "-"])
     for label, series in ((f"{len(rels):,} x 100 KB, {args.procs} procs, page cache hot", hot),
                           (f"{len(rels):,} x 100 KB, {args.procs} procs, page cache dropped", dropped)):
-        rows.append([label, *cells(series, ("passthrough", "read", "no-open"), len(rels), "files/s")])
-    print(format_table(["workload", "local", "passthrough", "READ path", "no-open"], rows))
+        rows.append([label, *cells(series, ("passthrough", "read", "no-open", "no-open-uring"), len(rels), "files/s")])
+    print(format_table(["workload", "local", "passthrough", "READ path", "no-open", "no-open, io_uring"], rows))
     print()
     for mode in MODES:
         rep = reports.get(mode, {})
