@@ -167,11 +167,16 @@ class RingQueue:
                 if opcode == _IOCTL and self._ioctl_enotty:
                     self._commit(ring, e, index, commit_id, unique, -errno.ENOTTY, ())
                     continue
-                fixed = length - hsize - payload_sz
-                body = bytes(hv[OP_IN:OP_IN + fixed]) + bytes(e.pv[:payload_sz]) if payload_sz else \
-                    hv[OP_IN:OP_IN + fixed]
-                answer = self._answer(opcode, nodeid, body, Request(uid, gid, pid))
-                error, parts = answer if answer is not None else (0, ())
+                try:
+                    fixed = length - hsize - payload_sz
+                    body = bytes(hv[OP_IN:OP_IN + fixed]) + bytes(e.pv[:payload_sz]) if payload_sz else \
+                        hv[OP_IN:OP_IN + fixed]
+                    answer = self._answer(opcode, nodeid, body, Request(uid, gid, pid))
+                    error, parts = answer if answer is not None else (0, ())
+                except Exception:  # noqa: BLE001 - an entry left unanswered would hang its caller
+                    log.exception("%s: queue %d: request %d (opcode %d) failed; answering EIO",
+                                  self.name, self.qid, unique, opcode)
+                    error, parts = -errno.EIO, ()
                 self._commit(ring, e, index, commit_id, unique, error, parts)
 
     def _commit(self, ring: Ring, e: _Entry, index: int, commit_id: int, unique: int, error: int, parts) -> None:
