@@ -27,8 +27,9 @@ class PlanFollower:
     """Follows the plans of ``client``'s dataset (``dataset_dir``: its directory under the
     home). ``ahead_bytes``: prefetch bound (default :func:`ahead_bound` of the cache's capacity);
     ``threads``: prefetch threads per plan. ``prefetchers``: the running ones, by rank: one
-    process per node prefetches a plan (the first to claim it, :func:`.channel.claim_prefetch`,
-    until the plan is replaced); every process ranks its evictions by the plans."""
+    process per node prefetches a plan (the first to claim it, :func:`.channel.claim_prefetch`;
+    when it stops or dies, the next to poll takes the role over); every process ranks its
+    evictions by the plans."""
 
     def __init__(self, client, dataset_dir: str, ahead_bytes: int | None = None, threads: int = THREADS,
                  interval: float | None = None):
@@ -50,6 +51,9 @@ class PlanFollower:
             with self._lock:
                 self._follow(plans)
         share = self.watcher.looked != looked  # at most once per poll interval
+        if share and len(self.prefetchers) < len(self.cursors):
+            with self._lock:
+                self._claim(self.cursors)  # a role its process gave up (it stopped or died)
         for cursor in self.cursors:
             moved = cursor.advance(entry.path)
             if share:
@@ -67,21 +71,33 @@ class PlanFollower:
         source = self.client.source
         mine = [p for p in plans.values() if p.dataset == self.client.name]
         self.cursors = [PlanCursor(p, self.client.manifest, source.block_size) for p in mine]
-        used, capacity = source.usage()
-        ahead = self.ahead_bytes or ahead_bound(capacity, source.block_size)
-        for c in self.cursors:
+        self._claim(self.cursors)
+        ranking = functools.partial(next_use_order, cursors=self.cursors) if self.cursors else None
+        for level in getattr(getattr(source, "store", None), "levels", ()):
+            if hasattr(level, "rank_victims"):  # disk tiers of this process; workers' tiers keep LRU
+                level.rank_victims = ranking
+
+    def _claim(self, cursors: list[PlanCursor]) -> None:
+        """Prefetch, from this process, each plan of ``cursors`` that no process of the node
+        prefetches yet (:func:`.channel.claim_prefetch`): at a new plan, and at each poll after,
+        so that the role of a process that stopped or died (the kernel drops its ``flock``)
+        passes to another at once, not at the next plan. Under ``self._lock``."""
+        source = self.client.source
+        ahead = None
+        for c in cursors:
+            if c.plan.rank in self.prefetchers:
+                continue
             try:
                 fd = claim_prefetch(self.dataset_dir, c.plan.rank)
             except OSError as err:  # a read-only home: reads go on, without prefetch
                 log.info("plan of rank %d not prefetched: %s", c.plan.rank, err)
                 continue
-            if fd is not None:  # this process prefetches that plan on this node
-                self._claims.append(fd)
-                self.prefetchers[c.plan.rank] = Prefetcher(source, c, ahead, self.threads)
-        ranking = functools.partial(next_use_order, cursors=self.cursors) if self.cursors else None
-        for level in getattr(getattr(source, "store", None), "levels", ()):
-            if hasattr(level, "rank_victims"):  # disk tiers of this process; workers' tiers keep LRU
-                level.rank_victims = ranking
+            if fd is None:  # another process of this node prefetches it
+                continue
+            if ahead is None:
+                ahead = self.ahead_bytes or ahead_bound(source.usage()[1], source.block_size)
+            self._claims.append(fd)
+            self.prefetchers[c.plan.rank] = Prefetcher(source, c, ahead, self.threads)
 
     def _release(self, wait: float = 0.0) -> None:
         """Stop the prefetchers (waiting up to ``wait`` seconds each) and give their roles up."""
