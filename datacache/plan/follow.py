@@ -41,6 +41,7 @@ class PlanFollower:
         self.cursors: list[PlanCursor] = []
         self.prefetchers: dict[int, Prefetcher] = {}
         self._claims: list[int] = []  # prefetch roles held (channel.claim_prefetch)
+        self._unclaimable: set[int] = set()  # ranks whose role could not be asked for (a read-only home)
         self._lock = threading.Lock()
 
     def __call__(self, entry: FileEntry) -> None:
@@ -51,7 +52,7 @@ class PlanFollower:
             with self._lock:
                 self._follow(plans)
         share = self.watcher.looked != looked  # at most once per poll interval
-        if share and len(self.prefetchers) < len(self.cursors):
+        if share and len(self.prefetchers) + len(self._unclaimable) < len(self.cursors):
             with self._lock:
                 self._claim(self.cursors)  # a role its process gave up (it stopped or died)
         for cursor in self.cursors:
@@ -85,12 +86,13 @@ class PlanFollower:
         source = self.client.source
         ahead = None
         for c in cursors:
-            if c.plan.rank in self.prefetchers:
+            if c.plan.rank in self.prefetchers or c.plan.rank in self._unclaimable:
                 continue
             try:
                 fd = claim_prefetch(self.dataset_dir, c.plan.rank)
-            except OSError as err:  # a read-only home: reads go on, without prefetch
+            except OSError as err:  # a read-only home: reads go on, without prefetch (not asked again)
                 log.info("plan of rank %d not prefetched: %s", c.plan.rank, err)
+                self._unclaimable.add(c.plan.rank)
                 continue
             if fd is None:  # another process of this node prefetches it
                 continue
@@ -107,6 +109,7 @@ class PlanFollower:
         for fd in self._claims:
             os.close(fd)
         self._claims = []
+        self._unclaimable.clear()
 
     def close(self) -> None:
         """Stop prefetching, waiting up to 10 s for the fills in flight."""

@@ -16,6 +16,8 @@ import time
 import pytest
 
 from datacache_fuse.daemon import read_state
+from datacache_fuse.kernel.ring_queue import possible_cpus
+from datacache_fuse.kernel.session import RING_THREADS
 from fuse_support import (BIG_SIZE, cli, daemon_pid, force_cleanup, mount, sha256, sha256_path, uring_enabled,
                           wait_until)
 
@@ -61,7 +63,8 @@ def test_more_requests_at_once_than_the_daemon_has_workers_all_answered(fuse_env
     try:
         with uring_enabled(transport == "io_uring"):
             pid = mount(fuse_env, mountpoint, *(("-o", "io_uring") if transport == "io_uring" else ()), name="burst")
-        assert ("FUSE over io_uring: 8 threads" in _log(fuse_env.home, mountpoint)) == (transport == "io_uring")
+        threads = RING_THREADS * len(possible_cpus())
+        assert (f"FUSE over io_uring: {threads} threads" in _log(fuse_env.home, mountpoint)) == (transport == "io_uring")
         threads = [threading.Thread(target=read, args=(rel, i % 2 == 0)) for i, rel in enumerate(objects)]
         for thread in threads:
             thread.start()

@@ -49,15 +49,6 @@ _ENDED = (errno.ENOTCONN, errno.ECANCELED, errno.ECONNABORTED, errno.ENODEV)
 ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"  # the fuse module's switch (root only)
 
 
-def kernel_offers() -> bool:
-    """Whether the fuse module offers FUSE over io_uring to new connections now."""
-    try:
-        with open(ENABLE_URING) as f:
-            return f.read().strip() == "Y"
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def enable_uring_while():
     """Turn the fuse module's ``enable_uring`` on inside the block and back to what it was after

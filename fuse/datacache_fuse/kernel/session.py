@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import logging
 import os
 import struct
@@ -59,10 +60,11 @@ log = logging.getLogger("datacache_fuse")
 
 MAX_READ = 1 << 20  # bytes per READ request (MAX_PAGES)
 MAX_WRITE = 128 * 1024  # bytes: the read buffer must hold this plus headers; nothing is written
-# Threads per CPU's ring queue, one request in flight each: a request that waits (a UFS read)
-# holds one thread, not the CPU's queue, and the kernel hands a request to the entry re-armed
-# last, so a warm stream stays on one thread. Measured (2,000 x 100 KB, 4 reader processes,
-# page cache warm): with 1 thread per CPU some passes fell to ~1,200 files/s, with 4 none did.
+# Threads per CPU's ring queue, each with its RingQueue's entries (2): a request that waits (a
+# UFS read) holds one thread, not the CPU's queue, and the kernel hands a request to the entry
+# re-armed last, so a warm stream stays on few threads. Measured (2,000 x 100 KB, 4 reader
+# processes, page cache warm, one entry per thread): with 1 thread per CPU some passes fell to
+# ~1,200 files/s, with 4 none did.
 RING_THREADS = 4
 _WRITE_ACCESS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _NO_REPLY = object()
@@ -144,6 +146,8 @@ class Session:
         self.workers = max(1, int(workers))
         self.want_passthrough = passthrough
         self.want_uring = uring
+        # IOCTL answered ENOTTY by the request loops, without a handler, unless ops answer it
+        self._ioctl_enotty = type(ops).ioctl is Operations.ioctl
         self.ring_threads = max(1, int(ring_threads))
         self.rings: list[RingQueue] = []  # FUSE over io_uring: one queue per CPU, when agreed
         self.max_stack_depth = max_stack_depth
@@ -239,29 +243,40 @@ class Session:
             readers = 1 if self._start_rings() else self.workers
         for i in range(readers):
             fd = self.fd if i == 0 else self._clone()
-            counter: collections.Counter = collections.Counter()
-            self._counters.append(counter)
-            with self._fh_lock:
-                self._running += 1
-            t = threading.Thread(target=self._worker, args=(fd, counter), name=f"{self.name}-{i}", daemon=True)
-            self._threads.append(t)
-            t.start()
+            self._spawn(functools.partial(self._worker, fd, self._counter()), f"{self.name}-{i}")
+
+    def _counter(self) -> collections.Counter:
+        """A new per-thread request counter, summed by :meth:`counts`."""
+        counter: collections.Counter = collections.Counter()
+        self._counters.append(counter)
+        return counter
+
+    def _spawn(self, body: Callable[[], None], name: str) -> None:
+        """Run ``body`` on a daemon thread counted as running until it returns: the session has
+        ended when the last one has (:meth:`wait`)."""
+        def run() -> None:
+            try:
+                body()
+            finally:
+                with self._fh_lock:
+                    self._running -= 1
+                    if self._running == 0:
+                        self._ended.set()
+
+        with self._fh_lock:
+            self._running += 1
+        t = threading.Thread(target=run, name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
 
     def _start_rings(self) -> bool:
         """Register a ring queue per possible CPU; False (logged) when one could not be set up
         (the kernel then keeps using ``/dev/fuse``, served by the usual readers)."""
-        ioctl_enotty = type(self.ops).ioctl is Operations.ioctl
         for cpu in [c for c in possible_cpus() for _ in range(self.ring_threads)]:
-            counter: collections.Counter = collections.Counter()
-            self._counters.append(counter)
-            queue = RingQueue(self.fd, cpu, self._answer, counter, payload_size=max(self.max_read, MAX_WRITE),
-                              name=self.name, ioctl_enotty=ioctl_enotty)
-            with self._fh_lock:
-                self._running += 1
-            t = threading.Thread(target=self._run_ring, args=(queue,), name=f"{self.name}-ring{cpu}-{len(self.rings)}", daemon=True)
-            self._threads.append(t)
+            queue = RingQueue(self.fd, cpu, self._answer, self._counter(), payload_size=max(self.max_read, MAX_WRITE),
+                              name=self.name, ioctl_enotty=self._ioctl_enotty)
             self.rings.append(queue)
-            t.start()
+            self._spawn(queue.run, f"{self.name}-ring{cpu}-{len(self.rings)}")
             queue.ready.wait()
             if queue.error is not None:
                 log.warning("%s: FUSE over io_uring could not start (%s); serving through /dev/fuse",
@@ -270,15 +285,6 @@ class Session:
         log.info("%s: FUSE over io_uring: %d threads on %d CPUs' queues", self.name, len(self.rings),
                  len(self.rings) // self.ring_threads)
         return True
-
-    def _run_ring(self, queue: RingQueue) -> None:
-        try:
-            queue.run()
-        finally:
-            with self._fh_lock:
-                self._running -= 1
-                if self._running == 0:
-                    self._ended.set()
 
     def _clone(self) -> int:
         import fcntl
@@ -360,33 +366,27 @@ class Session:
         view = memoryview(buf)
         hsize = abi.IN_HEADER.size
         unpack = abi.IN_HEADER.unpack_from
-        ioctl_served = type(self.ops).ioctl is not Operations.ioctl
-        try:
-            while not self._destroyed:
-                try:
-                    n = os.readv(fd, [buf])
-                except OSError as err:
-                    if err.errno == errno.ENOENT:  # the request was interrupted before we read it
-                        continue
-                    if err.errno != errno.ENODEV:  # ENODEV: unmounted, the session is over
-                        log.error("%s: reading /dev/fuse failed: %s; worker ends", self.name, err)
-                    return
-                if n < hsize:
-                    log.error("%s: short read of %d bytes from /dev/fuse; worker ends", self.name, n)
-                    return
-                length, opcode, unique, nodeid, uid, gid, pid, _, _ = unpack(buf)
-                counter[opcode] += 1
-                if opcode == _IOCTL and not ioctl_served:  # isatty() of every buffered open()
-                    self._reply(fd, unique, _ENOTTY)
+        enotty = self._ioctl_enotty
+        while not self._destroyed:
+            try:
+                n = os.readv(fd, [buf])
+            except OSError as err:
+                if err.errno == errno.ENOENT:  # the request was interrupted before we read it
                     continue
-                answer = self._answer(opcode, nodeid, view[hsize:min(length, n)], Request(uid, gid, pid))
-                if answer is not None:
-                    self._reply(fd, unique, answer[0], *answer[1])
-        finally:
-            with self._fh_lock:
-                self._running -= 1
-                if self._running == 0:
-                    self._ended.set()
+                if err.errno != errno.ENODEV:  # ENODEV: unmounted, the session is over
+                    log.error("%s: reading /dev/fuse failed: %s; worker ends", self.name, err)
+                return
+            if n < hsize:
+                log.error("%s: short read of %d bytes from /dev/fuse; worker ends", self.name, n)
+                return
+            length, opcode, unique, nodeid, uid, gid, pid, _, _ = unpack(buf)
+            counter[opcode] += 1
+            if opcode == _IOCTL and enotty:  # isatty() of every buffered open()
+                self._reply(fd, unique, _ENOTTY)
+                continue
+            answer = self._answer(opcode, nodeid, view[hsize:min(length, n)], Request(uid, gid, pid))
+            if answer is not None:
+                self._reply(fd, unique, answer[0], *answer[1])
 
     def _answer(self, opcode: int, nodeid: int, body, req: Request) -> tuple[int, tuple | list] | None:
         """Run the handler of ``opcode``: ``(0 or -errno, [reply payload parts])``, or None when

@@ -27,7 +27,6 @@ SETUP_SQE128 = 1 << 10
 SETUP_SINGLE_ISSUER = 1 << 12
 SETUP_DEFER_TASKRUN = 1 << 13
 ENTER_GETEVENTS = 1 << 0
-FEAT_SINGLE_MMAP = 1 << 0
 OFF_SQ_RING, OFF_SQES = 0, 0x10000000
 OP_URING_CMD = 46
 SQE_SIZE = 128
@@ -65,17 +64,13 @@ class Ring:
             raise OSError(err, f"io_uring_setup: {os.strerror(err)}")
         self.fd = fd
         p = _PARAMS.unpack_from(params)
-        sq_entries, cq_entries, features = p[0], p[1], p[5]
+        sq_entries, cq_entries = p[0], p[1]
         sq = p[10:19]  # head, tail, ring_mask, ring_entries, flags, dropped, array, resv1, user_addr
         cq = p[19:28]  # head, tail, ring_mask, ring_entries, overflow, cqes, flags, resv1, user_addr
         sq_size = sq[6] + sq_entries * 4
         cq_size = cq[5] + cq_entries * CQE.size
-        try:
-            if features & FEAT_SINGLE_MMAP:
-                self._sq_map = self._cq_map = self._map(max(sq_size, cq_size), OFF_SQ_RING)
-            else:  # kernels before 5.4: two maps
-                self._sq_map = self._map(sq_size, OFF_SQ_RING)
-                self._cq_map = self._map(cq_size, 0x8000000)
+        try:  # one map of both rings (IORING_FEAT_SINGLE_MMAP: every kernel with DEFER_TASKRUN has it)
+            self._sq_map = self._cq_map = self._map(max(sq_size, cq_size), OFF_SQ_RING)
             self._sqes = self._map(sq_entries * SQE_SIZE, OFF_SQES)
         except OSError:
             os.close(fd)
@@ -100,9 +95,8 @@ class Ring:
             raise OSError(errno.EBUSY, "io_uring submission queue full")
         index = self._tail & self._sq_mask
         base = index * SQE_SIZE
-        self._sqes[base:base + SQE_SIZE] = bytes(SQE_SIZE)
         SQE_HEAD.pack_into(self._sqes, base, OP_URING_CMD, 0, 0, fd, cmd_op, 0, addr, length, 0, user_data, 0, 0, 0)
-        self._sqes[base + CMD_OFFSET:base + CMD_OFFSET + len(cmd)] = cmd
+        self._sqes[base + CMD_OFFSET:base + SQE_SIZE] = cmd.ljust(SQE_SIZE - CMD_OFFSET, b"\0")  # every SQE byte set
         struct.pack_into("=I", self._sq_map, self._sq_array + 4 * index, index)
         self._tail = (self._tail + 1) & 0xFFFFFFFF
         struct.pack_into("=I", self._sq_map, self._sq_tail, self._tail)
