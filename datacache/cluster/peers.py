@@ -70,15 +70,24 @@ class Peers:
         return [m for m in self.router.lookup(key) + self.router.draining() if m.worker_id != self.me]
 
     async def find(self, key: str) -> bytes | None:
-        """Block ``key`` from the first other candidate holding it, or None."""
-        for member in self._others(key):
-            data = await self._get(member, key)
-            if data is not None:
-                return data
-        return None
+        """Block ``key`` from the first other candidate holding it, or None. Candidates that joined
+        after this worker's last view of the members, and before this call, are asked too (a
+        scale-out's new owner must find what the old workers hold, not refetch it)."""
+        since, asked = time.monotonic(), set()
+        while True:
+            for member in self._others(key):
+                if member.url not in asked:
+                    asked.add(member.url)
+                    data = await self._get(member, key)
+                    if data is not None:
+                        return data
+            if not self.router.refresh_since(since):
+                return None
 
     async def find_many(self, keys: list[str]) -> dict[str, bytes]:
-        """Blocks of ``keys`` held by other candidates (one existence query per peer): key -> bytes."""
+        """Blocks of ``keys`` held by other candidates (one existence query per peer, on a view of
+        the members read after this call began): key -> bytes."""
+        self.router.refresh_since(time.monotonic())
         asks: dict[str, tuple[Member, list[str]]] = {}
         for key in keys:
             for member in self._others(key):

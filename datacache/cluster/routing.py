@@ -54,6 +54,7 @@ class Router:
         self._members: list[Member] = []
         self._draining: list[Member] = []
         self._fetched = float("-inf")
+        self._failed = False  # the last read of the membership failed (the list kept is older)
         self._suspects: dict[tuple[str, str], tuple[float, int]] = {}  # -> (until, failures in a row)
         self._tiers: dict[str, DiskTier | None] = {}
         self._lock = threading.Lock()
@@ -65,9 +66,11 @@ class Router:
                 try:
                     self._members = self._membership.live(*self._runtime)
                     self._draining = self._membership.draining(*self._runtime)
+                    self._failed = False
                 except OSError as err:
                     if self.strict:
                         raise
+                    self._failed = True
                     log.warning("%s: keeping the %d workers known before", err, len(self._members))
                 self._fetched = time.monotonic()
             return self._members
@@ -77,6 +80,19 @@ class Router:
         with self._lock:
             self._fetched = float("-inf")
         return self.members()
+
+    def refresh_since(self, since: float) -> bool:
+        """Read the live workers again unless they were read after ``since`` (a ``time.monotonic()``
+        value); whether they were read now. A worker that registered before a request arrived is
+        then known to whoever answers it, which a view up to ``refresh_s`` old does not promise.
+        A membership whose last read failed (DNS down) is not read again before ``refresh_s``:
+        each failed read may take a resolver's timeout."""
+        with self._lock:
+            if self._fetched >= since or self._failed:
+                return False
+            self._fetched = float("-inf")
+        self.members()
+        return True
 
     def draining(self) -> list[Member]:
         """Workers being drained (out of placement, still serving their blocks), as of the last
