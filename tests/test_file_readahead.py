@@ -1,7 +1,8 @@
 """Read-ahead across files (``datacache.file_readahead``): a scan of a directory in name order
 gets the next ``AHEAD_FILES`` files filled from the UFS before it reads them (the reads are then
-cache hits, and the bytes right); a shuffled order, or a jump, prefetches nothing; reaching the
-end of a directory goes no further."""
+cache hits, and the bytes right); a shuffled order, whose steps land on the next file now and then
+but not ``CONFIRM`` times in a row, or a jump, prefetches nothing; reaching the end of a directory
+goes no further."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import random
 import time
 
 from datacache.control.embedded import read_path
-from datacache.file_readahead import AHEAD_FILES, FileReadAhead
+from datacache.file_readahead import AHEAD_FILES, CONFIRM, FileReadAhead
 from support import apply_dataset
 
 N = 30
@@ -52,20 +53,22 @@ def test_a_scan_in_name_order_finds_the_next_files_cached(tmp_path, datacache_ho
     client = paths.open_dataset("pics")
     try:
         ahead = next(r for r in client._readers if isinstance(r, FileReadAhead))
-        assert _read(client, train[0]) == files[train[0]]
-        assert _cached(client, train[1:]) == []  # one read is not a scan yet
-        assert _read(client, train[1]) == files[train[1]]
-        window = train[2:2 + AHEAD_FILES]
+        first = CONFIRM + 1  # files read before the scan is taken for one
+        for p in train[:first - 1]:
+            assert _read(client, p) == files[p]
+        assert _cached(client, train[first - 1:]) == []  # CONFIRM - 1 steps are not a scan yet
+        assert _read(client, train[first - 1]) == files[train[first - 1]]
+        window = train[first:first + AHEAD_FILES]
         assert _wait_cached(client, window) == window
-        assert _cached(client, train[2 + AHEAD_FILES:]) == []  # no further than the window
+        assert _cached(client, train[first + AHEAD_FILES:]) == []  # no further than the window
         hits0, misses0 = client.source.hit_counts()
         for p in window:
             assert hashlib.sha256(_read(client, p)).digest() == hashlib.sha256(files[p]).digest()
         hits, misses = client.source.hit_counts()
         assert (hits - hits0, misses - misses0) == (len(window), 0)
-        for p in train[2 + AHEAD_FILES:]:  # the rest of the scan: each read moves the window on
+        for p in train[first + AHEAD_FILES:]:  # the rest of the scan: each read moves the window on
             assert _read(client, p) == files[p]
-        assert ahead.prefetched == N - 2  # every file after the first two, once; none past the end
+        assert ahead.prefetched == N - first  # every file after the first ones, once; none past the end
         assert _cached(client, [p for p in files if p.startswith("val/")]) == []  # another directory
     finally:
         client.close()
@@ -75,9 +78,15 @@ def test_a_scan_in_name_order_finds_the_next_files_cached(tmp_path, datacache_ho
 def test_a_shuffled_order_prefetches_nothing(tmp_path, datacache_home):
     files = _dataset(tmp_path, datacache_home)
     val = sorted(p for p in files if p.startswith("val/"))
-    order = val[::7] + val[3::7]  # jumps of 7 places, then back: never the next few files
-    random.Random(3).shuffle(order)
-    order = [p for i, p in enumerate(order) if i == 0 or not 0 < val.index(p) - val.index(order[i - 1]) <= 4]
+    # Runs of CONFIRM neighbours in a shuffled order (CONFIRM - 1 steps onto the next file, as a
+    # shuffle of a small directory has now and then), each run a jump away from the last.
+    order: list[int] = []
+    for start in random.Random(3).sample(range(0, N - CONFIRM + 1, CONFIRM), (N - CONFIRM + 1) // CONFIRM):
+        if not order or not 0 < start - order[-1] <= 4:
+            order += range(start, start + CONFIRM)
+    small = [0 < b - a <= 4 for a, b in zip(order, order[1:])]
+    assert small.count(True) >= 5 and "1" * CONFIRM not in "".join(str(int(x)) for x in small)
+    order = [val[i] for i in order]
     paths = read_path(str(datacache_home))
     client = paths.open_dataset("pics")
     try:

@@ -30,7 +30,7 @@ import time
 from datacache import private
 from datacache.plan.plan import Plan
 
-POLL_S = 0.2  # seconds between two looks at the plan directory
+POLL_S = 0.05  # seconds between two looks at the plan directory (and two position reports: prefetch goes by them)
 STALE_S = 5.0  # a process that has not reported its position for this long no longer reads
 
 

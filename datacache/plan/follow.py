@@ -18,7 +18,7 @@ from datacache.manifest import FileEntry
 from datacache.plan.channel import PlanWatcher, claim_prefetch, share_position
 from datacache.plan.cursor import PlanCursor
 from datacache.plan.nextuse import next_use_order
-from datacache.plan.prefetch import THREADS, Prefetcher, ahead_bound
+from datacache.plan.prefetch import THREADS, Pace, Prefetcher, ahead_bound
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ class PlanFollower:
         self.dataset_dir = dataset_dir
         self.cursors: list[PlanCursor] = []
         self.prefetchers: dict[int, Prefetcher] = {}
+        self._paces: dict[int, Pace] = {}  # by rank, kept across plans: the last epoch's pace
         self._claims: list[int] = []  # prefetch roles held (channel.claim_prefetch)
         self._unclaimable: set[int] = set()  # ranks whose role could not be asked for (a read-only home)
         self._lock = threading.Lock()
@@ -99,7 +100,9 @@ class PlanFollower:
             if ahead is None:
                 ahead = self.ahead_bytes or ahead_bound(source.usage()[1], source.block_size)
             self._claims.append(fd)
-            self.prefetchers[c.plan.rank] = Prefetcher(source, c, ahead, self.threads)
+            # Positions are reported at one process's poll and read at another's: two intervals old.
+            self.prefetchers[c.plan.rank] = Prefetcher(source, c, ahead, self.threads, lag_s=2 * self.watcher.interval,
+                                                       pace=self._paces.setdefault(c.plan.rank, Pace()))
 
     def _release(self, wait: float = 0.0) -> None:
         """Stop the prefetchers (waiting up to ``wait`` seconds each) and give their roles up."""

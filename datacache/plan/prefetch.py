@@ -26,15 +26,24 @@ _MAX_AHEAD = 1 << 30
 SAFETY = 4  # the window holds this many times what the reader consumes while one fill completes
 
 
+RATE_S = 0.5  # the reader's rate is measured over at least this long: positions come in steps
+
+
 class Pace:
     """The reader's pace (plan files a second) and a fill's duration (seconds), measured, and
-    the window of prefetch they call for (:meth:`window`). ``clock``: seconds, monotonic."""
+    the window of prefetch they call for (:meth:`window`). ``clock``: seconds, monotonic. One
+    per rank, kept from one plan to the next (:meth:`restart`): the next epoch is read at the
+    pace of the last, and its first files need the window at once."""
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
         self.rate: float | None = None  # plan files a second the reader's position advances
         self.fetch_s: float | None = None  # seconds a fill from the UFS takes (moving average)
         self._mark: tuple[float, int] | None = None  # (time, position) the rate is measured from
+
+    def restart(self) -> None:
+        """A new plan: positions start again (the rate and fill time measured so far stay)."""
+        self._mark = None
 
     def at(self, position: int) -> None:
         """The reader's position is ``position`` now."""
@@ -43,7 +52,7 @@ class Pace:
             self._mark = (now, position)
             return
         t0, p0 = self._mark
-        if now - t0 >= 1.0:  # a rate over at least a second: reads come in bursts
+        if now - t0 >= RATE_S:
             rate = (position - p0) / (now - t0)
             self.rate = rate if self.rate is None else (self.rate + rate) / 2
             self._mark = (now, position)
@@ -52,15 +61,20 @@ class Pace:
         """A fill from the UFS took ``seconds``."""
         self.fetch_s = seconds if self.fetch_s is None else 0.8 * self.fetch_s + 0.2 * seconds
 
-    def window(self, threads: int, mean_size: float, bound: int, floor: int) -> int:
-        """Bytes of plan to have loaded or loading ahead of the reader: the files it reads while
-        one fill completes, ``SAFETY`` times over, and at least one a thread (all busy), at
-        ``mean_size`` bytes a file; ``bound`` until both figures are measured; clamped to
-        ``[floor, bound]``. The source's latency and bandwidth come in through the fill's time."""
+    def window(self, threads: int, mean_size: float, bound: int, floor: int, lag_s: float = 0.0) -> int:
+        """Bytes of plan to have loaded or loading ahead of the reader's known position: the
+        files it reads while one fill completes, ``SAFETY`` times over, and at least one a
+        thread (all busy), at ``mean_size`` bytes a file; ``bound`` until both figures are
+        measured; clamped to ``[floor, bound]``; plus what the reader reads in ``lag_s``
+        seconds, the age the known position may have (other processes report theirs at each
+        poll): bytes ahead of where the reader really is stay within the bound, and a window
+        measured from an old position does not shrink to nothing (seen: a 4 MiB bound, 120 files
+        a second read, positions up to 0.4 s old; a third of the reads missed). The source's
+        latency and bandwidth come in through the fill's time."""
         if self.rate is None or self.fetch_s is None:
             return bound
         files = max(self.rate * self.fetch_s * SAFETY, threads)
-        return int(min(bound, max(floor, files * mean_size)))
+        return int(min(bound, max(floor, files * mean_size)) + self.rate * lag_s * mean_size)
 
 
 def ahead_bound(capacity: int, block_size: int) -> int:
@@ -72,18 +86,22 @@ def ahead_bound(capacity: int, block_size: int) -> int:
 
 class Prefetcher:
     """Loads ``cursor``'s files through ``source`` (a block source), ``ahead_bytes`` at most past
-    the reader's position, on ``threads`` daemon threads. :meth:`moved` after the position
-    changes; :meth:`stop` when the plan is replaced. ``loaded``: files filled (read from the UFS
+    the reader's position (known up to ``lag_s`` seconds late: :meth:`Pace.window`; ``pace``:
+    the rank's, measured over its earlier plans), on ``threads`` daemon threads. :meth:`moved` after the position changes; :meth:`stop` when the
+    plan is replaced. ``loaded``: files filled (read from the UFS
     or found cached); ``peak_ahead``: the most bytes of plan ever past the reader's position
     (loaded or loading), for tests and figures."""
 
-    def __init__(self, source, cursor: PlanCursor, ahead_bytes: int, threads: int = THREADS):
+    def __init__(self, source, cursor: PlanCursor, ahead_bytes: int, threads: int = THREADS, lag_s: float = 0.0,
+                 pace: Pace | None = None):
         self.source = source
         self.cursor = cursor
         self.ahead_bytes = ahead_bytes
+        self.lag_s = lag_s
         self.loaded = 0
         self.peak_ahead = 0
-        self.pace = Pace()
+        self.pace = pace or Pace()
+        self.pace.restart()
         self._mean = cursor.offsets[-1] / max(len(cursor), 1)
         self._next = 0
         self._stopped = False
@@ -94,10 +112,11 @@ class Prefetcher:
             t.start()
 
     def moved(self) -> None:
-        """The reader's position moved: the window slides."""
+        """The reader's position moved: the window slides (one waiting thread is woken; each
+        that takes a file wakes the next, so a read costs one wake-up, not one per thread)."""
         with self._cond:
             self.pace.at(self.cursor.position)
-            self._cond.notify_all()
+            self._cond.notify()
 
     def stop(self, wait: float = 0.0) -> None:
         """Take no further file; wait up to ``wait`` seconds for the fills in flight (before
@@ -119,10 +138,12 @@ class Prefetcher:
                 if nxt >= len(self.cursor):
                     return None
                 ahead = offsets[nxt + 1] - offsets[first]
-                limit = self.pace.window(len(self._threads), self._mean, self.ahead_bytes, self.source.block_size)
+                limit = self.pace.window(len(self._threads), self._mean, self.ahead_bytes, self.source.block_size,
+                                         self.lag_s)
                 if nxt == first or ahead <= limit:
                     self._next = nxt + 1
                     self.peak_ahead = max(self.peak_ahead, ahead)
+                    self._cond.notify()  # the window may have room for one more
                     return self.cursor.entries[nxt]
                 self._cond.wait(1.0)
             return None

@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 
 from datacache.cli import cli
-from datacache.control.embedded import read_path
 from datacache.plan.channel import PlanWatcher, read_plan
 from datacache.plan.plan import PlanError
 from datacache.stack.plans import publish_plan

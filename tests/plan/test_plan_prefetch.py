@@ -193,3 +193,14 @@ def test_the_window_follows_the_measured_pace():
     assert pace.rate == 100 and pace.window(threads=4, mean_size=1000, bound=10**6, floor=100) == 20_000
     assert pace.window(threads=64, mean_size=1000, bound=10**6, floor=100) == 64_000  # a file a thread
     assert pace.window(threads=4, mean_size=1000, bound=15_000, floor=100) == 15_000  # the quota's share caps it
+    # ... except for what the reader read since its known position was reported (0.4 s: 40 files)
+    assert pace.window(threads=4, mean_size=1000, bound=15_000, floor=100, lag_s=0.4) == 15_000 + 40_000
+    pace.restart()  # the next plan: positions start again, the pace measured so far stays
+    assert pace.window(threads=4, mean_size=1000, bound=10**6, floor=100) == 20_000
+    pace.at(0)
+    now[0] = 2.4
+    pace.at(150)  # 375 files a second over 0.4 s: too short to measure
+    assert pace.rate == 100
+    now[0] = 2.5
+    pace.at(150)  # 300 a second over 0.5 s, averaged with the rate before
+    assert pace.rate == 200
