@@ -19,21 +19,30 @@ from datacache.cluster.routing import Router
 from datacache.cluster.store import ServingDiskTier
 from datacache.cluster.worker import PEER_TIMEOUT_S, Worker, run_worker
 from datacache.errors import ResourceError
+from datacache.manifest import Manifest
+from datacache.plan.ranking import PlanRanking
+from datacache.stack import layout
 from datacache.stack.readpath import ReadPath
 from datacache.state import StateStore
+
+
+def current_manifest(home: str, namespace: str, name: str) -> Manifest | None:
+    """Dataset ``namespace/name``'s current manifest at ``home``, or None when it has none (no
+    manifest, or no Dataset)."""
+    state = StateStore(home)
+    try:
+        paths = ReadPath(home, state)
+        return paths.load_manifest(paths.get("Dataset", name, namespace))
+    except ResourceError:
+        return None
+    finally:
+        state.close()
 
 
 def current_files(home: str, namespace: str, name: str, block_size: int) -> set[str] | None:
     """File ids of dataset ``namespace/name``'s current manifest at ``home`` (blocks cut at
     ``block_size`` bytes), or None when it has none (no manifest, or no Dataset)."""
-    state = StateStore(home)
-    try:
-        paths = ReadPath(home, state)
-        manifest = paths.load_manifest(paths.get("Dataset", name, namespace))
-    except ResourceError:
-        return None
-    finally:
-        state.close()
+    manifest = current_manifest(home, namespace, name)
     if manifest is None:
         return None
     return {file_id(e.mount, e.ufs_path, e.version, block_size) for e in manifest}
@@ -62,6 +71,11 @@ def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0
         peers = Peers(worker_id, router, WorkerClient(token, name, block_size, read_timeout=PEER_TIMEOUT_S))
         worker = Worker(name, block_size, store, paths.ufs_for(dataset, runtime), token, worker_id,
                         peers=peers, current_files=lambda: current_files(home, namespace, name, block_size))
+        ranking = PlanRanking(layout.dataset_dir(home, namespace, name), name,
+                              lambda: current_manifest(home, namespace, name), block_size)
+        for level in store.levels:
+            if hasattr(level, "rank_victims"):  # disk levels evict by the node's plans (LRU without one)
+                level.rank_victims = ranking
     finally:
         state.close()
     members = Membership(home)
