@@ -67,7 +67,7 @@ demo: venv
 
 test: venv
 	$(call say,make test: running the tests (real servers and FUSE mounts: many minutes))
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --durations=25  # two processes: most tests wait on servers; the 25 slowest are listed
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25  # two processes: most tests wait on servers; files in collection order (tests/conftest.py: the long ones first); the 25 slowest are listed
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .hypothesis

@@ -20,6 +20,30 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long-running test (deselect with -m 'not slow')")
 
 
+# Files of 30 s or more (measured with 2 CPUs), longest first. `make test` (--dist loadfile
+# --no-loadscope-reorder) hands whole files to its two workers in collection order, so these run
+# first and the short files fill in at the end. xdist's default order (files with fewest tests
+# first) queued the one-test demo and soak files last, on one worker, while the other sat idle.
+LONG_FILES = (
+    "tests/test_benchmarks_smoke.py",
+    "tests/test_demo.py",
+    "tests/faults/test_soak.py",
+    "tests/faults/test_worker_kill.py",
+    "tests/faults/test_process_kill.py",
+    "tests/sync/test_sync_million.py",
+    "tests/fuse/test_fuse_memory.py",
+    "tests/test_benchmarks_timeout.py",
+    "tests/test_benchmarks_http_smoke.py",
+    "tests/juicefs/test_juicefs_runtime.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the tests of :data:`LONG_FILES` first, in that order; the rest keep their order."""
+    rank = {path: i for i, path in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """moto's S3 server in a child process on 127.0.0.1, shared by the whole session; a ranged GET
