@@ -24,8 +24,6 @@ _MAX_AHEAD = 1 << 30
 
 
 SAFETY = 4  # the window holds this many times what the reader consumes while one fill completes
-
-
 RATE_S = 0.5  # the reader's rate is measured over at least this long: positions come in steps
 
 
@@ -87,10 +85,10 @@ def ahead_bound(capacity: int, block_size: int) -> int:
 class Prefetcher:
     """Loads ``cursor``'s files through ``source`` (a block source), ``ahead_bytes`` at most past
     the reader's position (known up to ``lag_s`` seconds late: :meth:`Pace.window`; ``pace``:
-    the rank's, measured over its earlier plans), on ``threads`` daemon threads. :meth:`moved` after the position changes; :meth:`stop` when the
-    plan is replaced. ``loaded``: files filled (read from the UFS
-    or found cached); ``peak_ahead``: the most bytes of plan ever past the reader's position
-    (loaded or loading), for tests and figures."""
+    the rank's, measured over its earlier plans), on ``threads`` daemon threads. :meth:`moved`
+    after the position changes; :meth:`stop` when the plan is replaced. ``loaded``: files filled
+    (read from the UFS or found cached); ``peak_ahead``: the most bytes of plan ever past the
+    reader's position (loaded or loading), for tests and figures."""
 
     def __init__(self, source, cursor: PlanCursor, ahead_bytes: int, threads: int = THREADS, lag_s: float = 0.0,
                  pace: Pace | None = None):

@@ -13,15 +13,12 @@ not share the readers' ``$DATACACHE_HOME`` (pods of another node) find no plan a
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterable
 
 from datacache.manifest import Manifest
 from datacache.plan.channel import POLL_S, PlanWatcher, share_position
 from datacache.plan.cursor import PlanCursor
 from datacache.plan.nextuse import next_use_order
-
-log = logging.getLogger(__name__)
 
 
 class PlanRanking:
