@@ -65,6 +65,14 @@ class Peers:
         self._dropping: set[str] = set()  # of those, the one being deleted now
         self.draining = False
 
+    async def view(self) -> None:
+        """Bring this worker's view of the members up to date (``Router.members``, when it is
+        due) in a thread. The worker's other calls then read it from the router's cache: a
+        membership read may block (a DNS lookup; a DaemonSet's targets are identified by asking
+        each worker's ``/healthz``), and from the event loop two workers asking each other would
+        each hold the other's answer back until the timeout."""
+        await asyncio.to_thread(self.router.members)
+
     def _others(self, key: str) -> list[Member]:
         """Where else ``key`` may be: its first candidates, then workers being drained."""
         return [m for m in self.router.lookup(key) + self.router.draining() if m.worker_id != self.me]
@@ -74,6 +82,7 @@ class Peers:
         after this worker's last view of the members, and before this call, are asked too (a
         scale-out's new owner must find what the old workers hold, not refetch it)."""
         since, asked = time.monotonic(), set()
+        await self.view()
         while True:
             for member in self._others(key):
                 if member.url not in asked:
@@ -81,13 +90,13 @@ class Peers:
                     data = await self._get(member, key)
                     if data is not None:
                         return data
-            if not self.router.refresh_since(since):
+            if not await asyncio.to_thread(self.router.refresh_since, since):
                 return None
 
     async def find_many(self, keys: list[str]) -> dict[str, bytes]:
         """Blocks of ``keys`` held by other candidates (one existence query per peer, on a view of
         the members read after this call began): key -> bytes."""
-        self.router.refresh_since(time.monotonic())
+        await asyncio.to_thread(self.router.refresh_since, time.monotonic())
         asks: dict[str, tuple[Member, list[str]]] = {}
         for key in keys:
             for member in self._others(key):
@@ -109,6 +118,7 @@ class Peers:
     async def pull_from(self, holder_id: str, key: str) -> bytes | None:
         """Block ``key`` from live (or draining) worker ``holder_id`` (None if it is neither or lacks
         it)."""
+        await self.view()
         holder = next((m for m in self.router.healthy() + self.router.draining() if m.worker_id == holder_id), None)
         return None if holder is None else await self._get(holder, key)
 
@@ -121,6 +131,7 @@ class Peers:
         """Ask the owners of ``keys`` this worker does not own to pull them; the copies they took
         are dropped at the next tick of :meth:`run_handoff`. Returns ``(blocks moved, whether
         every owner answered)``."""
+        await self.view()
         members = {m.worker_id: m for m in self.router.healthy()}
         if self.me not in members:
             return 0, False
@@ -170,7 +181,7 @@ class Peers:
         "<n> blocks: <why>"}}``."""
         self.draining = True
         started = time.monotonic()
-        self.router.refresh()  # the control plane marked every leaving worker before this call
+        await asyncio.to_thread(self.router.refresh)  # the control plane marked every leaving worker before this call
         moved: set[str] = set()
         left: list[str] = []
         errors: dict[str, str] = {}
@@ -178,6 +189,7 @@ class Peers:
         while True:
             moved.update(await self._drop_taken(discard))  # a hand-off pass that ended after the drain began
             left = await asyncio.to_thread(list_keys)
+            await self.view()
             leaving = {m.worker_id for m in self.router.draining()} | {self.me}
             members = {m.worker_id: m for m in self.router.members() if m.worker_id not in leaving}
             offered = offered or members
@@ -245,6 +257,7 @@ class Peers:
             if self.draining:  # :meth:`drain` moves (and drops) everything now
                 continue
             await self._drop_taken(discard)
+            await self.view()
             live = frozenset((m.worker_id, m.pid) for m in self.router.members())
             if live == seen and time.monotonic() - last < HANDOFF_PERIOD_S:
                 continue

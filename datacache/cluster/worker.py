@@ -201,6 +201,8 @@ class Worker:
         wire.check_scope(body, self.dataset)
         keys = self._keys(wire.parse_key_list(body, HANDOFF_BATCH))
         holder = wire.parse_worker_id(body, "from")
+        if self.peers is not None:
+            await self.peers.view()  # owns() below reads it from the router's cache
         held = []
         for key in keys if not self.draining else ():  # a leaving worker takes no block
             if self.peers is not None and not self.peers.recall(key):  # being dropped: asked again later
