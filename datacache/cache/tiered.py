@@ -52,6 +52,13 @@ class TieredStore:
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # disk hits not yet promoted
         self._lock = threading.Lock()
 
+    def rank_victims_by(self, ranking) -> None:
+        """Evict from every disk level in the order ``ranking(rows)`` gives (see
+        :attr:`DiskTier.rank_victims`; None: LRU). MEM levels keep LRU."""
+        for level in self.levels:
+            if isinstance(level, DiskTier):
+                level.rank_victims = ranking
+
     def get(self, key: str, pieces: bool = False) -> bytes | memoryview | PieceBlock | None:
         """The block's bytes from the fastest level holding it, or None; with ``pieces`` a block
         may come as a :class:`PieceBlock` (read from disk by :meth:`DiskTier.get_pieces`, or kept

@@ -75,9 +75,9 @@ class PlanFollower:
         self.cursors = [PlanCursor(p, self.client.manifest, source.block_size) for p in mine]
         self._claim(self.cursors)
         ranking = functools.partial(next_use_order, cursors=self.cursors) if self.cursors else None
-        for level in getattr(getattr(source, "store", None), "levels", ()):
-            if hasattr(level, "rank_victims"):  # disk tiers of this process; workers' tiers keep LRU
-                level.rank_victims = ranking
+        store = getattr(source, "store", None)  # this process's tiers (a cluster source has none)
+        if store is not None:
+            store.rank_victims_by(ranking)
 
     def _claim(self, cursors: list[PlanCursor]) -> None:
         """Prefetch, from this process, each plan of ``cursors`` that no process of the node

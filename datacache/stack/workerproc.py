@@ -73,9 +73,7 @@ def serve(home: str, namespace: str, name: str, index: int, host: str = "127.0.0
                         peers=peers, current_files=lambda: current_files(home, namespace, name, block_size))
         ranking = PlanRanking(layout.dataset_dir(home, namespace, name), name,
                               lambda: current_manifest(home, namespace, name), block_size)
-        for level in store.levels:
-            if hasattr(level, "rank_victims"):  # disk levels evict by the node's plans (LRU without one)
-                level.rank_victims = ranking
+        store.rank_victims_by(ranking)  # disk levels evict by the node's plans (LRU without one)
     finally:
         state.close()
     members = Membership(home)

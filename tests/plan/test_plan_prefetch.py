@@ -12,19 +12,13 @@ import time
 import pytest
 
 from datacache.control.embedded import read_path
+from datacache.control.supervisor import wait_until
 from datacache.plan.follow import PlanFollower
 from datacache.stack.plans import publish_plan, withdraw_plans
 from plan_support import make_dataset
 
 N = 80
 AHEAD = 4
-
-
-def wait_for(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not cond() and time.monotonic() < end:
-        time.sleep(0.01)
-    return cond()
 
 
 class RecordingUFS:
@@ -141,14 +135,12 @@ def test_one_process_per_node_prefetches_a_plan(pics):
         assert len(first[1].prefetchers) == 1 and second[1].prefetchers == {}
         assert first[1].cursors[0].position == second[1].cursors[0].position == 0  # both follow the plan
         first[0].close()  # the prefetching process goes: another takes the role at its next poll
-        fetched_before = len(second[2].fetched)
         second[0].read(second[0].stat(order[1]), 0, 10)
         assert len(second[1].prefetchers) == 1
         taken = second[1].prefetchers[0]
-        assert wait_for(lambda: taken.loaded >= AHEAD - 1)  # it prefetches what is next, unread
+        assert wait_until(lambda: taken.loaded >= AHEAD - 1, 10)  # it prefetches what is next, unread
         nxt = [second[0].stat(p) for p in order[2:4]]
         assert [second[0].cached_file_bytes(e) for e in nxt] == [e.size for e in nxt]
-        assert len(second[2].fetched) >= fetched_before  # (the first process fetched some before it went)
         publish_plan(plane.paths, "pics", order[::-1])  # and a new plan is prefetched by one process
         second[0].read(second[0].stat(order[-1]), 0, 10)
         assert len(second[1].prefetchers) == 1
