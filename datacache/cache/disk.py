@@ -18,10 +18,12 @@ Layout (issue 17 item 4):
 - Directories 0700, files 0600: a second local user can read no cached data (case C10).
 
 Quota and watermarks (cases C1, C2): the quota counts the blocks' bytes plus the index and its WAL.
-A put takes an exclusive lock (a thread lock plus ``flock`` on ``.lock`` for other processes
-sharing the directory), evicts from the high to the low watermark when the new block would pass the
-high mark, then writes; so the quota holds while many fills run at once, across processes, with at
-most the block being written in flight. :meth:`DiskTier._eviction_order` is the one place that
+A put reserves its block's row under an exclusive lock (a thread lock plus ``flock`` on
+``.lock`` for other processes sharing the directory), evicting from the high to the low watermark
+when the new block would pass the high mark; a reserved row (empty checksum) counts against the
+quota but no reader sees it. The bytes are then written without the lock (many puts at once), and
+the row completed under it. So the quota holds while many fills run at once, across processes,
+counting the blocks being written. :meth:`DiskTier._eviction_order` is the one place that
 ranks what goes first (least recently used block).
 
 Eviction never changes bytes under a reader of a whole file: a file once handed out whole
@@ -43,10 +45,11 @@ read): uses are kept in memory and written once per ``ACCESS_FLUSH_S`` seconds a
 eviction.
 
 Crashes and damage:
-- A block's bytes are written before its row. A process killed in between leaves bytes no row
-  names: in a new file, a file with no row, deleted by a sweep when a tier opens the directory once
-  older than ``ORPHAN_GRACE_S`` (one sweep per directory per ``ORPHAN_GRACE_S``); in an existing
-  file, at most one block's bytes per crash, freed with that file. An index with no rows (new, or
+- A block's row is reserved before its bytes are written and completed (its checksum) after. A
+  process killed in between leaves reserved rows, dropped with their ranges by a sweep when a
+  tier opens the directory once they are older than ``ORPHAN_GRACE_S`` (one sweep per directory per
+  ``ORPHAN_GRACE_S``), and cache files no row names (a failed first write), deleted by the same
+  sweep once as old. An index with no rows (new, or
   emptied under us) names no file: every cache file then found is deleted at open, whatever its
   age, so the quota counts all that is there. The previous layout (diskcache's ``cache.db`` and one
   ``.val`` file per block) is deleted when found.
@@ -103,9 +106,10 @@ _SCHEMA = (
     "CREATE TRIGGER IF NOT EXISTS blocks_out AFTER DELETE ON blocks BEGIN "
     "UPDATE totals SET bytes = bytes - OLD.size; END",
 )
+_PENDING = ""  # the checksum of a block row reserved by a put whose bytes are being written
 _KEY = "(CASE WHEN idx < 0 THEN file ELSE file || '/' || idx END)"  # join_key() in SQL
 _SELECT_BLOCK = ("SELECT f.name, f.stride, b.size, b.digest FROM blocks b JOIN files f ON f.file = b.file "
-                 "WHERE b.file = ? AND b.idx = ?")
+                 "WHERE b.file = ? AND b.idx = ? AND b.digest != ''")
 
 
 def split_key(key: str) -> tuple[str, int]:
@@ -386,7 +390,7 @@ class DiskTier:
         if self._ro is None:
             return
         rows = self._scan("SELECT b.file, b.idx, b.size, f.name, f.stride FROM blocks b "
-                          "JOIN files f ON f.file = b.file ORDER BY b.file")
+                          "JOIN files f ON f.file = b.file WHERE b.digest != '' ORDER BY b.file")
         sizes: dict[str, int] = {}
         lost_before = self.lost
         for file, index, size, name, stride in rows:
@@ -410,7 +414,7 @@ class DiskTier:
         """Iterate over stored block keys."""
         if self._ro is None:
             return iter(())
-        return (join_key(file, index) for file, index in self._scan("SELECT file, idx FROM blocks"))
+        return (join_key(file, index) for file, index in self._scan("SELECT file, idx FROM blocks WHERE digest != ''"))
 
     def _scan(self, sql: str):
         """Rows of ``sql`` streamed in batches over a connection of their own: a statement left
@@ -429,7 +433,7 @@ class DiskTier:
         if self._ro is None or not prefix:
             return 0
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first key past every key with the prefix
-        ((total,),) = self._ro.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {_KEY} >= ? AND {_KEY} < ?",
+        ((total,),) = self._ro.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE digest != '' AND {_KEY} >= ? AND {_KEY} < ?",
                                        (prefix, end)).fetchall()
         return int(total)
 
@@ -539,7 +543,7 @@ class DiskTier:
         if self._ro is None or blocks <= 0:
             return None
         row = _first(self._ro.execute("SELECT f.name, f.exposed, COUNT(b.idx), COALESCE(SUM(b.size), 0) FROM files f "
-                               "LEFT JOIN blocks b ON b.file = f.file WHERE f.file = ? GROUP BY f.file",
+                               "LEFT JOIN blocks b ON b.file = f.file AND b.digest != '' WHERE f.file = ? GROUP BY f.file",
                                (file,)))
         if row is None or row[2] != blocks or row[3] != size:
             return None
@@ -558,7 +562,7 @@ class DiskTier:
                 with self._exclusive():
                     marked = self._db.execute(
                         "UPDATE files SET exposed = 1 WHERE file = ? AND name = ? AND "
-                        "(SELECT COUNT(*) FROM blocks WHERE file = ?) = ?", (file, name, file, blocks)).rowcount
+                        "(SELECT COUNT(*) FROM blocks WHERE file = ? AND digest != '') = ?", (file, name, file, blocks)).rowcount
         except BaseException:
             os.close(fd)
             raise
@@ -573,7 +577,7 @@ class DiskTier:
     def _check_whole(self, file: str, fd: int, path: str) -> bool:
         """Read every block of ``file`` from ``fd`` and check it; a failing one is dropped."""
         rows = self._ro.execute("SELECT b.idx, b.size, b.digest, f.stride FROM blocks b JOIN files f "
-                                "ON f.file = b.file WHERE b.file = ? ORDER BY b.idx", (file,)).fetchall()
+                                "ON f.file = b.file WHERE b.file = ? AND b.digest != '' ORDER BY b.idx", (file,)).fetchall()
         for index, size, digest, stride in rows:
             offset = max(index, 0) * stride
             data = os.pread(fd, size, offset)
@@ -621,56 +625,99 @@ class DiskTier:
         """Store a block; False when it is not kept: larger than the high watermark even in an
         empty tier or than its file's stride, the device is full (after evicting to the low
         watermark and trying once more), or the tier is unhealthy. Never raises for a write
-        failure: the caller still has the bytes, so the read is served and only caching is skipped."""
+        failure: the caller still has the bytes, so the read is served and only caching is skipped.
+
+        Three steps, so that puts of many threads and processes write their bytes at once (one
+        4 MiB ``pwrite`` into the page cache takes ~10 ms here, and under the lock it capped a
+        warmup at ~400 MB/s): under the exclusive lock the block's row is *reserved* (inserted
+        with an empty checksum: it counts against the quota, readers do not see it), evicting first
+        when it would pass the high mark; the bytes are written and checksummed without the lock;
+        under the lock again the checksum completes the row, unless the block was removed
+        meanwhile (its range is then freed again). True also when the block is stored or being
+        stored already."""
         file, index = split_key(key)
         size = len(data)
         if size > self._high or not self._usable():
             return False
-        with self._exclusive():
-            try:
-                if _first(self._db.execute("SELECT 1 FROM blocks WHERE file = ? AND idx = ?", (file, index))):
-                    return True
-                if self.used() + size > self._high:
-                    self._evict_to(self._low - size)
-                if not self._write(file, index, data):
-                    return False
-                if not self.healthy:
+        try:
+            for attempt in (1, 2):
+                with self._exclusive():
+                    if attempt == 2:  # the device filled before the quota: make room, try once more
+                        self.full_bypasses += 1
+                        self._evict_to(min(self._low, self.used()) - size)
+                    reserved = self._reserve(file, index, size)
+                if not isinstance(reserved, tuple):
+                    return reserved
+                path, offset = reserved
+                try:
+                    write_range(path, offset, data, private.FILE_MODE)
+                except OSError as err:
+                    with self._exclusive():
+                        self._unreserve(file, index, path, offset, size)
+                    if attempt == 1 and _is_full(err):
+                        continue
+                    raise
+                digest = checksum(data)
+                with self._exclusive():
+                    stored = self._complete(file, index, path, offset, size, digest)
+                if stored and not self.healthy:
                     log.warning("cache tier %s (%s) takes writes again", self.path, self.medium)
                     self.healthy = True
-                return True
-            except (OSError, sqlite3.Error) as err:
-                if _is_full(err):  # still full, or the index could not grow: skip it, stay healthy
-                    self.full_bypasses += 1
-                else:
-                    self._mark_unhealthy(err)
-                return False
-
-    def _write(self, file: str, index: int, data: bytes | memoryview) -> bool:
-        """Write block ``index`` of ``file`` at its offset, then its row (under the lock). A device
-        full before the quota (a smaller disk, or one shared with others) evicts to the low
-        watermark and tries once more. False when the block is longer than its file's stride."""
-        for attempt in (1, 2):
-            known = _first(self._db.execute("SELECT name, stride FROM files WHERE file = ?", (file,)))
-            name, stride = known or (uuid.uuid4().hex, max(self.block_size, len(data)))
-            if len(data) > stride:
-                return False
-            path, offset = os.path.join(self.files, name), max(index, 0) * stride
-            try:
-                write_range(path, offset, data, private.FILE_MODE)
-                with self._db:
-                    self._db.execute("BEGIN IMMEDIATE")
-                    if known is None:
-                        self._db.execute("INSERT INTO files (file, name, stride) VALUES (?, ?, ?)", (file, name, stride))
-                    self._db.execute("INSERT INTO blocks VALUES (?, ?, ?, ?, ?)",
-                                     (file, index, len(data), checksum(data), time.time()))
-                return True
-            except (OSError, sqlite3.Error) as err:
-                self._forget_write(path, offset, len(data), whole=known is None)
-                if attempt == 2 or not _is_full(err):
-                    raise
+                return stored
+        except (OSError, sqlite3.Error) as err:
+            if _is_full(err):  # still full, or the index could not grow: skip it, stay healthy
                 self.full_bypasses += 1
-                self._evict_to(min(self._low, self.used()) - len(data))
-        raise AssertionError("unreachable")
+            else:
+                self._mark_unhealthy(err)
+        return False
+
+    def _reserve(self, file: str, index: int, size: int) -> tuple[str, int] | bool:
+        """Under the lock: insert block ``index`` of ``file`` as pending (empty checksum), after
+        evicting to the low watermark when it would pass the high one, and the file's row when it
+        is new. ``(path, offset)`` to write it at; True when a row exists already (stored, or
+        pending in another put); False when the block is longer than its file's stride."""
+        if _first(self._db.execute("SELECT 1 FROM blocks WHERE file = ? AND idx = ?", (file, index))):
+            return True
+        if self.used() + size > self._high:
+            self._evict_to(self._low - size)
+        known = _first(self._db.execute("SELECT name, stride FROM files WHERE file = ?", (file,)))
+        name, stride = known or (uuid.uuid4().hex, max(self.block_size, size))
+        if size > stride:
+            return False
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            if known is None:
+                self._db.execute("INSERT INTO files (file, name, stride) VALUES (?, ?, ?)", (file, name, stride))
+            self._db.execute("INSERT INTO blocks VALUES (?, ?, ?, ?, ?)", (file, index, size, _PENDING, time.time()))
+        return os.path.join(self.files, name), max(index, 0) * stride
+
+    def _complete(self, file: str, index: int, path: str, offset: int, size: int, digest: str) -> bool:
+        """Under the lock: give the pending row of a block written at ``offset`` of ``path`` its
+        checksum. False when the row or the file's row went meanwhile (evicted, deleted, made
+        anew): the written range is freed again, as no row names it."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            done = self._db.execute(
+                "UPDATE blocks SET digest = ? WHERE file = ? AND idx = ? AND digest = ? AND "
+                "(SELECT name FROM files WHERE file = ?) = ?",
+                (digest, file, index, _PENDING, file, os.path.basename(path))).rowcount
+        if not done:
+            self._unreserve(file, index, path, offset, size)
+        return bool(done)
+
+    def _unreserve(self, file: str, index: int, path: str, offset: int, size: int) -> None:
+        """Under the lock: drop the pending row of a block whose write failed or was overtaken,
+        and free what the write left at ``offset`` of ``path``: the whole file when no row names
+        it any more (it was removed, or only this block was in it), else the block's range."""
+        name = os.path.basename(path)
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM blocks WHERE file = ? AND idx = ? AND digest = ? AND "
+                             "(SELECT name FROM files WHERE file = ?) = ?", (file, index, _PENDING, file, name))
+            if not _first(self._db.execute("SELECT 1 FROM blocks WHERE file = ?", (file,))):
+                self._db.execute("DELETE FROM files WHERE file = ? AND name = ?", (file, name))
+        named = _first(self._db.execute("SELECT 1 FROM files WHERE name = ?", (name,)))
+        self._forget_write(path, offset, size, whole=not named)
 
     @staticmethod
     def _forget_write(path: str, offset: int, size: int, whole: bool) -> None:
@@ -688,7 +735,7 @@ class DiskTier:
         stored block, least recently used first (the access times :meth:`flush_accesses` wrote),
         or in the order :attr:`rank_victims` gives them. The one place that ranks eviction."""
         cursor = self._db.execute("SELECT b.file, b.idx, b.size, f.exposed FROM blocks b JOIN files f "
-                                  "ON f.file = b.file ORDER BY b.atime")
+                                  "ON f.file = b.file WHERE b.digest != '' ORDER BY b.atime")
         try:
             lru = (row for batch in iter(lambda: cursor.fetchmany(256), []) for row in batch)
             yield from lru if self.rank_victims is None else self.rank_victims(lru)
@@ -811,6 +858,19 @@ class DiskTier:
         ``ORPHAN_GRACE_S`` (younger ones may be another process's first write in flight). Runs in a
         thread at start-up, touching only the file system."""
         self.orphans_removed += self._delete_cache_files(known, cutoff=time.time() - ORPHAN_GRACE_S)
+        with contextlib.suppress(OSError, sqlite3.Error):  # a failing device: the next sweep tries again
+            self._drop_stale_reservations(time.time() - ORPHAN_GRACE_S)
+
+    def _drop_stale_reservations(self, cutoff: float) -> int:
+        """Drop the pending block rows reserved before ``cutoff`` (seconds since the epoch): puts
+        killed between reserving a block and completing it. Returns how many."""
+        with self._exclusive():
+            rows = self._db.execute("SELECT b.file, b.idx, b.size, f.name, f.stride FROM blocks b JOIN files f "
+                                    "ON f.file = b.file WHERE b.digest = ? AND b.atime < ?",
+                                    (_PENDING, cutoff)).fetchall()
+            for file, index, size, name, stride in rows:
+                self._unreserve(file, index, os.path.join(self.files, name), max(index, 0) * stride, size)
+        return len(rows)
 
     def _delete_cache_files(self, known: set[str], cutoff: float | None) -> int:
         """Delete the cache files not named in ``known`` and, unless ``cutoff`` is None, last
