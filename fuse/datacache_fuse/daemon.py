@@ -450,6 +450,7 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
             server.session.close()
         _remove_state(state_file)
         counts = session.counts()
-        log.info("%s: session ended (%d files were open); requests: %s; opens passed through: %d", mountpoint,
-                 open_files, ", ".join(f"{getattr(op, 'name', op)} {n}" for op, n in counts.most_common()),
-                 session.passed_through)
+        log.info("%s: session ended (%d files were open); requests: %s; backing files registered: %d; "
+                 "opens passed through: %d", mountpoint, open_files,
+                 ", ".join(f"{getattr(op, 'name', op)} {n}" for op, n in counts.most_common()),
+                 session.backing.registered, session.passed_through)

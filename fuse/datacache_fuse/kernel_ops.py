@@ -184,6 +184,10 @@ class DatasetOperations(Operations):
     def forget(self, ino: int, nlookup: int) -> None:
         with self._lock:
             self.inodes.forget(ino, nlookup)
+            gone = ino not in self.inodes
+        if gone and self.session is not None:
+            self.session.backing.forget(ino)  # its idle backing id, if any
+        with self._lock:
             handle = self._readers.get(ino)
             if handle is None or ino in self.inodes or handle.lock.locked():
                 return
@@ -277,7 +281,9 @@ class DatasetOperations(Operations):
         handle = Handle(self.client.open_entry(node.entry), ino, threading.Lock())  # metadata only, no I/O
         with self._lock:
             self._files[fh] = handle
-        local = self.client.local_file(node.entry) if self.passthrough else None
+        # An inode passed through before reuses its backing id: no cache lookup for the file.
+        reuse = self.session is not None and self.session.backing.reusable(ino)
+        local = self.client.local_file(node.entry) if self.passthrough and not reuse else None
         return OpenOut(fh=fh, keep_cache=True, passthrough=local)
 
     def _reader(self, ino: int) -> tuple[Handle, bool]:

@@ -8,6 +8,7 @@ an IOCTL request the kernel sends to every FUSE file system; unbuffered opens do
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -166,7 +167,40 @@ def test_open_handles_pass_complete_cache_files_through(fuse_env, mountpoint):
     wait_until(lambda: "opens passed through" in open(log, encoding="utf-8").read(), 30, "the daemon's last words")
     with open(log, encoding="utf-8") as f:
         ended = [line for line in f if "opens passed through" in line][-1]
-    assert int(ended.rsplit(":", 1)[1]) >= 1, ended
+    registered, passed = (int(n) for n in re.findall(r"(?:backing files registered|opens passed through): (\d+)", ended))
+    assert passed >= 3 and registered == 1, ended  # the reopens reused the first open's backing id
+
+
+def _deleted_fds(pid: int) -> list[str]:
+    """The targets of ``pid``'s descriptors that name unlinked files."""
+    fds = os.path.join("/proc", str(pid), "fd")
+    targets = []
+    for n in os.listdir(fds):
+        with contextlib.suppress(FileNotFoundError):
+            targets.append(os.readlink(os.path.join(fds, n)))
+    return [t for t in targets if t.endswith(" (deleted)")]
+
+
+def test_a_reopen_after_its_cache_file_was_evicted_reads_the_ufs_bytes_and_frees_the_file(fuse_env, mountpoint):
+    """A backing id kept for an inode's next open pins its cache file; once the cache file is
+    unlinked (what eviction does to a file handed out whole) the next open does not reuse it: the
+    bytes come from the UFS again, and the daemon holds nothing of the unlinked file."""
+    pid = mount(fuse_env, mountpoint, "--read-mode", "passthrough")
+    path, want = os.path.join(mountpoint, "local/big.bin"), fuse_env.expected["local/big.bin"]
+    whole = lambda: [p for p in glob.glob(os.path.join(fuse_env.home, "**", "files", "*"), recursive=True)  # noqa: E731
+                     if os.path.isfile(p) and os.stat(p).st_blocks * 512 >= BIG_SIZE]
+    try:
+        assert sha256_path(path) == want
+        wait_until(lambda: sha256_path(path) == want and whole(), 30, "the disk tier to hold all of big.bin")
+        time.sleep(0.2)  # the last handle's RELEASE arrives: its backing id is kept idle
+        (cache_file,) = whole()
+        os.unlink(cache_file)  # as the tier's eviction of a file handed out whole does
+        assert _deleted_fds(pid)  # the idle backing id pins it
+        assert sha256_path(path) == want  # not the unlinked file's: the index is asked again
+        assert _deleted_fds(pid) == []
+    finally:
+        assert cli("unmount", mountpoint, home=fuse_env.home).returncode == 0
+        force_cleanup(fuse_env.home, mountpoint, pid)
 
 
 def test_auto_read_mode_follows_what_the_dataset_holds(fuse_env, mountpoint):

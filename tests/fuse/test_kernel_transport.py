@@ -198,7 +198,9 @@ def test_reads_equal_the_source(mounted, tree):
         # The kernel read the backing files itself: not one READ, and read() was never called.
         assert counts[Op.READ] == 0 and ops.calls["read"] == 0
         assert counts[Op.OPEN] >= len(digests) and server.session.backing.refused == 0
-        assert wait_for(lambda: server.session.backing.open_ids == 0)  # released with the last handle
+        assert wait_for(lambda: server.session.backing.held == 0)  # released with the last handle
+        # One BACKING_OPEN per file: the reopens (mmap, the seek) reused the idle backing ids.
+        assert server.session.backing.registered == server.session.backing.open_ids == len(digests)
     else:
         assert counts[Op.READ] > 0 and ops.calls["read"] > 0
     if mode.endswith("-uring"):  # what the kernel sent came on the ring queues, IOCTL answered there
