@@ -46,10 +46,10 @@ eviction.
 
 Crashes and damage:
 - A block's row is reserved before its bytes are written and completed (its checksum) after. A
-  process killed in between leaves reserved rows, dropped with their ranges by a sweep when a
-  tier opens the directory once they are older than ``ORPHAN_GRACE_S`` (one sweep per directory per
-  ``ORPHAN_GRACE_S``), and cache files no row names (a failed first write), deleted by the same
-  sweep once as old. An index with no rows (new, or
+  process killed in between leaves reserved rows, dropped with their ranges when a tier opens the
+  directory once they are older than ``ORPHAN_GRACE_S``, and cache files no row names (a failed
+  first write), deleted by a sweep when a tier opens the directory once as old (one sweep per
+  directory per ``ORPHAN_GRACE_S``). An index with no rows (new, or
   emptied under us) names no file: every cache file then found is deleted at open, whatever its
   age, so the quota counts all that is there. The previous layout (diskcache's ``cache.db`` and one
   ``.val`` file per block) is deleted when found.
@@ -99,6 +99,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS blocks (file TEXT NOT NULL, idx INTEGER NOT NULL, size INTEGER NOT NULL, "
     "digest TEXT NOT NULL, atime REAL NOT NULL, PRIMARY KEY (file, idx)) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS blocks_atime ON blocks (atime)",
+    "CREATE INDEX IF NOT EXISTS blocks_pending ON blocks (atime) WHERE digest = ''",  # reserved rows only
     "CREATE TABLE IF NOT EXISTS totals (bytes INTEGER NOT NULL)",
     "INSERT INTO totals SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM totals)",
     "CREATE TRIGGER IF NOT EXISTS blocks_in AFTER INSERT ON blocks BEGIN "
@@ -255,6 +256,8 @@ class DiskTier:
             os.close(lock_fd)
             return self._cannot_open(err)
         self._lock_fd, self._db, self._ro = lock_fd, db, ro
+        with contextlib.suppress(OSError, sqlite3.Error):  # a failing device: the next open tries again
+            self._drop_stale_reservations(time.time() - ORPHAN_GRACE_S)
         if self._sweep_due():
             known = {name for (name,) in db.execute("SELECT name FROM files")}
             self.sweeper = threading.Thread(target=self._sweep_orphans, args=(known,), daemon=True,
@@ -858,16 +861,16 @@ class DiskTier:
         ``ORPHAN_GRACE_S`` (younger ones may be another process's first write in flight). Runs in a
         thread at start-up, touching only the file system."""
         self.orphans_removed += self._delete_cache_files(known, cutoff=time.time() - ORPHAN_GRACE_S)
-        with contextlib.suppress(OSError, sqlite3.Error):  # a failing device: the next sweep tries again
-            self._drop_stale_reservations(time.time() - ORPHAN_GRACE_S)
 
     def _drop_stale_reservations(self, cutoff: float) -> int:
         """Drop the pending block rows reserved before ``cutoff`` (seconds since the epoch): puts
-        killed between reserving a block and completing it. Returns how many."""
+        killed between reserving a block and completing it. At every open (one lookup in the
+        partial index of reserved rows); not in the sweep thread, which must not use the index
+        connection a ``close`` may be closing. Returns how many."""
         with self._exclusive():
             rows = self._db.execute("SELECT b.file, b.idx, b.size, f.name, f.stride FROM blocks b JOIN files f "
-                                    "ON f.file = b.file WHERE b.digest = ? AND b.atime < ?",
-                                    (_PENDING, cutoff)).fetchall()
+                                    "ON f.file = b.file WHERE b.digest = '' AND b.atime < ?",  # the partial index's term
+                                    (cutoff,)).fetchall()
             for file, index, size, name, stride in rows:
                 self._unreserve(file, index, os.path.join(self.files, name), max(index, 0) * stride, size)
         return len(rows)

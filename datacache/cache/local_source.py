@@ -141,11 +141,11 @@ class LocalBlockSource:
         if isinstance(data, Unproven):
             raise OSError(errno.EBUSY, "another process has the file open for writing: it is cached once it is "
                                        "closed (warm it up again then)", entry.path)
-        stored = 0
+        stored, view = 0, memoryview(data)  # blocks as views of the read: no copy of each
         for i in missing:
             b0, b1 = block_range(i, entry.size, self.block_size)
             full_before = _full_bypasses(self.store)
-            if not self.store.put(keys[i], data[b0 - start:b1 - start]):
+            if not self.store.put(keys[i], view[b0 - start:b1 - start]):
                 raise OSError(errno.ENOSPC, _not_kept(self.store, b1 - b0, full_before), entry.path)
             stored += b1 - b0
         return stored
