@@ -86,24 +86,44 @@ def test_a_put_writing_its_bytes_holds_no_lock_and_its_block_is_reserved_but_uns
         tier.close()
 
 
-def test_the_quota_counts_the_blocks_being_written(tmp_path, monkeypatch):
+def test_the_quota_counts_the_blocks_being_written_and_may_evict_them(tmp_path, monkeypatch):
     path, quota = str(tmp_path / "ssd"), 40 << 20  # high watermark 38 MiB: 9 blocks
     tier = DiskTier(path, quota, high=0.95, low=0.7)
     held = _HeldWrite(monkeypatch, after=True)
     try:
         thread, result = _put_in_thread(tier, "ds/held/0", os.urandom(BLOCK))
         assert held.started.wait(30)
+        assert _stored_bytes(path) == BLOCK  # counted from its reservation on
         for i in range(12):
             assert tier.put(f"ds/f{i}/0", os.urandom(BLOCK))
-            assert tier.used() <= quota
-        # The reserved block is never chosen for eviction; the others made room around it.
-        assert _stored_bytes(path) <= int(quota * 0.95)
+            assert tier.used() <= quota * 0.95
+        # The reserved block was the least recently used: evicted like any other, so its put
+        # stores nothing and its bytes are freed.
         held.release()
         thread.join(30)
-        assert result == [True] and tier.get("ds/held/0") is not None
-        assert tier.used() <= quota
+        assert result == [False] and tier.get("ds/held/0") is None
+        assert len(_cache_files(path)) == len(list(tier.keys())) == _stored_bytes(path) // BLOCK
+        assert tier.used() <= quota * 0.95
     finally:
         held.release()
+        tier.close()
+
+
+def test_a_put_finding_its_block_reserved_by_a_put_that_died_stores_it(tmp_path, monkeypatch):
+    """A reservation whose put never completes (killed) does not keep the block out of the cache
+    until the reservation is swept: the next put of the block writes and completes it."""
+    path = str(tmp_path / "ssd")
+    child = subprocess.run([sys.executable, "-c", _KILLED_MID_PUT, path], capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert child.returncode == 9, child.stderr
+    tier = DiskTier(path, 64 << 20)  # the reservation is young: kept at open
+    data = os.urandom(BLOCK)
+    try:
+        assert "ds/killed/0" not in tier
+        assert tier.put("ds/killed/0", data)
+        assert hashlib.sha256(tier.get("ds/killed/0")).digest() == hashlib.sha256(data).digest()
+        assert list(tier.keys()) == ["ds/killed/0"] and len(_cache_files(path)) == 1
+    finally:
         tier.close()
 
 

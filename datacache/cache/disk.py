@@ -21,7 +21,7 @@ Quota and watermarks (cases C1, C2): the quota counts the blocks' bytes plus the
 A put reserves its block's row under an exclusive lock (a thread lock plus ``flock`` on
 ``.lock`` for other processes sharing the directory), evicting from the high to the low watermark
 when the new block would pass the high mark; a reserved row (empty checksum) counts against the
-quota but no reader sees it. The bytes are then written without the lock (many puts at once), and
+quota and may be evicted like any other (its put then stores nothing), but no reader sees it. The bytes are then written without the lock (many puts at once), and
 the row completed under it. So the quota holds while many fills run at once, across processes,
 counting the blocks being written. :meth:`DiskTier._eviction_order` is the one place that
 ranks what goes first (least recently used block).
@@ -636,8 +636,8 @@ class DiskTier:
         with an empty checksum: it counts against the quota, readers do not see it), evicting first
         when it would pass the high mark; the bytes are written and checksummed without the lock;
         under the lock again the checksum completes the row, unless the block was removed
-        meanwhile (its range is then freed again). True also when the block is stored or being
-        stored already."""
+        meanwhile (its range is then freed again: False). True also when the block is stored
+        already."""
         file, index = split_key(key)
         size = len(data)
         if size > self._high or not self._usable():
@@ -677,10 +677,16 @@ class DiskTier:
     def _reserve(self, file: str, index: int, size: int) -> tuple[str, int] | bool:
         """Under the lock: insert block ``index`` of ``file`` as pending (empty checksum), after
         evicting to the low watermark when it would pass the high one, and the file's row when it
-        is new. ``(path, offset)`` to write it at; True when a row exists already (stored, or
-        pending in another put); False when the block is longer than its file's stride."""
-        if _first(self._db.execute("SELECT 1 FROM blocks WHERE file = ? AND idx = ?", (file, index))):
-            return True
+        is new. ``(path, offset)`` to write it at; True when the block is stored already; False
+        when it is longer than its file's stride. A block pending already is written again by
+        this put too (its key names one version's bytes, so both write the same bytes; its first
+        put may have been killed, and the block would otherwise stay missing until a later open
+        drops the reservation)."""
+        row = _first(self._db.execute("SELECT b.digest, f.name, f.stride FROM blocks b JOIN files f "
+                                      "ON f.file = b.file WHERE b.file = ? AND b.idx = ?", (file, index)))
+        if row is not None:
+            digest, name, stride = row
+            return True if digest != _PENDING else (os.path.join(self.files, name), max(index, 0) * stride)
         if self.used() + size > self._high:
             self._evict_to(self._low - size)
         known = _first(self._db.execute("SELECT name, stride FROM files WHERE file = ?", (file,)))
@@ -696,17 +702,23 @@ class DiskTier:
 
     def _complete(self, file: str, index: int, path: str, offset: int, size: int, digest: str) -> bool:
         """Under the lock: give the pending row of a block written at ``offset`` of ``path`` its
-        checksum. False when the row or the file's row went meanwhile (evicted, deleted, made
-        anew): the written range is freed again, as no row names it."""
-        with self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            done = self._db.execute(
-                "UPDATE blocks SET digest = ? WHERE file = ? AND idx = ? AND digest = ? AND "
-                "(SELECT name FROM files WHERE file = ?) = ?",
-                (digest, file, index, _PENDING, file, os.path.basename(path))).rowcount
-        if not done:
+        checksum (True also when another put of the block completed it first), then evict to the
+        low watermark if the index's own growth took the tier past the high one. False when the
+        row or the file's row went meanwhile (evicted, deleted, made anew): the written range is
+        freed again, as no row names it."""
+        row = _first(self._db.execute("SELECT b.digest FROM blocks b JOIN files f ON f.file = b.file "
+                                      "WHERE b.file = ? AND b.idx = ? AND f.name = ?",
+                                      (file, index, os.path.basename(path))))
+        if row is None:
             self._unreserve(file, index, path, offset, size)
-        return bool(done)
+            return False
+        if row[0] == _PENDING:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("UPDATE blocks SET digest = ? WHERE file = ? AND idx = ?", (digest, file, index))
+        if self.used() > self._high:
+            self._evict_to(self._low)
+        return True
 
     def _unreserve(self, file: str, index: int, path: str, offset: int, size: int) -> None:
         """Under the lock: drop the pending row of a block whose write failed or was overtaken,
@@ -738,7 +750,7 @@ class DiskTier:
         stored block, least recently used first (the access times :meth:`flush_accesses` wrote),
         or in the order :attr:`rank_victims` gives them. The one place that ranks eviction."""
         cursor = self._db.execute("SELECT b.file, b.idx, b.size, f.exposed FROM blocks b JOIN files f "
-                                  "ON f.file = b.file WHERE b.digest != '' ORDER BY b.atime")
+                                  "ON f.file = b.file ORDER BY b.atime")
         try:
             lru = (row for batch in iter(lambda: cursor.fetchmany(256), []) for row in batch)
             yield from lru if self.rank_victims is None else self.rank_victims(lru)
