@@ -21,10 +21,11 @@ Quota and watermarks (cases C1, C2): the quota counts the blocks' bytes plus the
 A put reserves its block's row under an exclusive lock (a thread lock plus ``flock`` on
 ``.lock`` for other processes sharing the directory), evicting from the high to the low watermark
 when the new block would pass the high mark; a reserved row (empty checksum) counts against the
-quota and may be evicted like any other (its put then stores nothing), but no reader sees it. The bytes are then written without the lock (many puts at once), and
-the row completed under it. So the quota holds while many fills run at once, across processes,
-counting the blocks being written. :meth:`DiskTier._eviction_order` is the one place that
-ranks what goes first (least recently used block).
+quota and may be evicted like any other (its put then stores nothing), but no reader sees it. The
+bytes are then written without the lock (many puts at once), and the row completed under it. So
+the quota holds while many fills run at once, across processes, counting the blocks being
+written. :meth:`DiskTier._eviction_order` is the one place that ranks what goes first (least
+recently used block).
 
 Eviction never changes bytes under a reader of a whole file: a file once handed out whole
 (``exposed``) is evicted whole, by ``unlink``; a reader holding it open (a passthrough backing file,
@@ -49,9 +50,9 @@ Crashes and damage:
   process killed in between leaves reserved rows, dropped with their ranges when a tier opens the
   directory once they are older than ``ORPHAN_GRACE_S``, and cache files no row names (a failed
   first write), deleted by a sweep when a tier opens the directory once as old (one sweep per
-  directory per ``ORPHAN_GRACE_S``). An index with no rows (new, or
-  emptied under us) names no file: every cache file then found is deleted at open, whatever its
-  age, so the quota counts all that is there. The previous layout (diskcache's ``cache.db`` and one
+  directory per ``ORPHAN_GRACE_S``). An index with no rows (new, or emptied under us) names no
+  file: every cache file then found is deleted at open, whatever its age, so the quota counts all
+  that is there. The previous layout (diskcache's ``cache.db`` and one
   ``.val`` file per block) is deleted when found.
 - A block whose file is gone or shorter than the block's end (deleted or truncated behind the
   cache's back) is dropped when found: by a read, by a presence check (``in``: one ``stat``, what
@@ -417,7 +418,8 @@ class DiskTier:
         """Iterate over stored block keys."""
         if self._ro is None:
             return iter(())
-        return (join_key(file, index) for file, index in self._scan("SELECT file, idx FROM blocks WHERE digest != ''"))
+        rows = self._scan("SELECT file, idx FROM blocks WHERE digest != ''")
+        return (join_key(file, index) for file, index in rows)
 
     def _scan(self, sql: str):
         """Rows of ``sql`` streamed in batches over a connection of their own: a statement left
@@ -436,8 +438,8 @@ class DiskTier:
         if self._ro is None or not prefix:
             return 0
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first key past every key with the prefix
-        ((total,),) = self._ro.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE digest != '' AND {_KEY} >= ? AND {_KEY} < ?",
-                                       (prefix, end)).fetchall()
+        ((total,),) = self._ro.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE digest != '' AND "
+                                       f"{_KEY} >= ? AND {_KEY} < ?", (prefix, end)).fetchall()
         return int(total)
 
     # -- reading -----------------------------------------------------------------------------------
@@ -546,7 +548,8 @@ class DiskTier:
         if self._ro is None or blocks <= 0:
             return None
         row = _first(self._ro.execute("SELECT f.name, f.exposed, COUNT(b.idx), COALESCE(SUM(b.size), 0) FROM files f "
-                               "LEFT JOIN blocks b ON b.file = f.file AND b.digest != '' WHERE f.file = ? GROUP BY f.file",
+                               "LEFT JOIN blocks b ON b.file = f.file AND b.digest != '' "
+                               "WHERE f.file = ? GROUP BY f.file",
                                (file,)))
         if row is None or row[2] != blocks or row[3] != size:
             return None
@@ -565,7 +568,8 @@ class DiskTier:
                 with self._exclusive():
                     marked = self._db.execute(
                         "UPDATE files SET exposed = 1 WHERE file = ? AND name = ? AND "
-                        "(SELECT COUNT(*) FROM blocks WHERE file = ? AND digest != '') = ?", (file, name, file, blocks)).rowcount
+                        "(SELECT COUNT(*) FROM blocks WHERE file = ? AND digest != '') = ?",
+                        (file, name, file, blocks)).rowcount
         except BaseException:
             os.close(fd)
             raise
@@ -580,7 +584,8 @@ class DiskTier:
     def _check_whole(self, file: str, fd: int, path: str) -> bool:
         """Read every block of ``file`` from ``fd`` and check it; a failing one is dropped."""
         rows = self._ro.execute("SELECT b.idx, b.size, b.digest, f.stride FROM blocks b JOIN files f "
-                                "ON f.file = b.file WHERE b.file = ? AND b.digest != '' ORDER BY b.idx", (file,)).fetchall()
+                                "ON f.file = b.file WHERE b.file = ? AND b.digest != '' ORDER BY b.idx",
+                                (file,)).fetchall()
         for index, size, digest, stride in rows:
             offset = max(index, 0) * stride
             data = os.pread(fd, size, offset)
@@ -881,7 +886,7 @@ class DiskTier:
         connection a ``close`` may be closing. Returns how many."""
         with self._exclusive():
             rows = self._db.execute("SELECT b.file, b.idx, b.size, f.name, f.stride FROM blocks b JOIN files f "
-                                    "ON f.file = b.file WHERE b.digest = '' AND b.atime < ?",  # the partial index's term
+                                    "ON f.file = b.file WHERE b.digest = '' AND b.atime < ?",  # the partial index's
                                     (cutoff,)).fetchall()
             for file, index, size, name, stride in rows:
                 self._unreserve(file, index, os.path.join(self.files, name), max(index, 0) * stride, size)

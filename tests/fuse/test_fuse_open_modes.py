@@ -167,7 +167,8 @@ def test_open_handles_pass_complete_cache_files_through(fuse_env, mountpoint):
     wait_until(lambda: "opens passed through" in open(log, encoding="utf-8").read(), 30, "the daemon's last words")
     with open(log, encoding="utf-8") as f:
         ended = [line for line in f if "opens passed through" in line][-1]
-    registered, passed = (int(n) for n in re.findall(r"(?:backing files registered|opens passed through): (\d+)", ended))
+    said = re.findall(r"(?:backing files registered|opens passed through): (\d+)", ended)
+    registered, passed = (int(n) for n in said)
     assert passed >= 3 and registered == 1, ended  # the reopens reused the first open's backing id
 
 
