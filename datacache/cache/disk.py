@@ -707,8 +707,9 @@ class DiskTier:
 
     def _complete(self, file: str, index: int, path: str, offset: int, size: int, digest: str) -> bool:
         """Under the lock: give the pending row of a block written at ``offset`` of ``path`` its
-        checksum (True also when another put of the block completed it first), then evict to the
-        low watermark if the index's own growth took the tier past the high one. False when the
+        checksum (True also when another put of the block completed it first); if the index's own
+        growth took the tier past the high watermark, its WAL is checkpointed and truncated, and
+        blocks are evicted to the low watermark only if that was not enough. False when the
         row or the file's row went meanwhile (evicted, deleted, made anew): the written range is
         freed again, as no row names it."""
         row = _first(self._db.execute("SELECT b.digest FROM blocks b JOIN files f ON f.file = b.file "
@@ -721,8 +722,11 @@ class DiskTier:
             with self._db:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute("UPDATE blocks SET digest = ? WHERE file = ? AND idx = ?", (digest, file, index))
-        if self.used() > self._high:
-            self._evict_to(self._low)
+        if self.used() > self._high:  # the index's WAL grew: truncate it first, blocks go only then
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if self.used() > self._high:
+                self._evict_to(self._low)
         return True
 
     def _unreserve(self, file: str, index: int, path: str, offset: int, size: int) -> None:
