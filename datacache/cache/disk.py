@@ -108,7 +108,10 @@ _SCHEMA = (
     "CREATE TRIGGER IF NOT EXISTS blocks_out AFTER DELETE ON blocks BEGIN "
     "UPDATE totals SET bytes = bytes - OLD.size; END",
 )
-_PENDING = ""  # the checksum of a block row reserved by a put whose bytes are being written
+# The checksum of a block row reserved by a put whose bytes are being written. SQL spells it as
+# the literal '' (readers filter with digest != ''): the partial index blocks_pending is only
+# used by queries that name the same literal, not a bound parameter.
+_PENDING = ""
 _KEY = "(CASE WHEN idx < 0 THEN file ELSE file || '/' || idx END)"  # join_key() in SQL
 _SELECT_BLOCK = ("SELECT f.name, f.stride, b.size, b.digest FROM blocks b JOIN files f ON f.file = b.file "
                  "WHERE b.file = ? AND b.idx = ? AND b.digest != ''")

@@ -451,6 +451,6 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
         _remove_state(state_file)
         counts = session.counts()
         log.info("%s: session ended (%d files were open); requests: %s; backing files registered: %d; "
-                 "opens passed through: %d", mountpoint, open_files,
-                 ", ".join(f"{getattr(op, 'name', op)} {n}" for op, n in counts.most_common()),
-                 session.backing.registered, session.passed_through)
+                 "opens passed through: %d; held-up requests whose reading turn was handed off: %d", mountpoint,
+                 open_files, ", ".join(f"{getattr(op, 'name', op)} {n}" for op, n in counts.most_common()),
+                 session.backing.registered, session.passed_through, session.gate.handoffs if session.gate else 0)

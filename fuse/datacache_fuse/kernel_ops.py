@@ -184,15 +184,17 @@ class DatasetOperations(Operations):
     def forget(self, ino: int, nlookup: int) -> None:
         with self._lock:
             self.inodes.forget(ino, nlookup)
-            gone = ino not in self.inodes
-        if gone and self.session is not None:
-            self.session.backing.forget(ino)  # its idle backing id, if any
-        with self._lock:
-            handle = self._readers.get(ino)
-            if handle is None or ino in self.inodes or handle.lock.locked():
+            if ino in self.inodes:
                 return
-            del self._readers[ino]
-        handle.file.close()
+            handle = self._readers.get(ino)
+            if handle is not None and not handle.lock.locked():
+                del self._readers[ino]
+            else:
+                handle = None
+        if self.session is not None:
+            self.session.backing.forget(ino)  # its idle backing id, if any
+        if handle is not None:
+            handle.file.close()
 
     def access(self, ino: int, mask: int, req: Request) -> None:
         self._node(ino)
@@ -282,7 +284,7 @@ class DatasetOperations(Operations):
         with self._lock:
             self._files[fh] = handle
         # An inode passed through before reuses its backing id: no cache lookup for the file.
-        reuse = self.session is not None and self.session.backing.reusable(ino)
+        reuse = self.passthrough and self.session is not None and self.session.backing.reusable(ino)
         local = self.client.local_file(node.entry) if self.passthrough and not reuse else None
         return OpenOut(fh=fh, keep_cache=True, passthrough=local)
 

@@ -281,6 +281,55 @@ def test_workers_serve_requests_in_parallel(tree, tmp_path):
         assert server.stop()
 
 
+class HeldMirror(MirrorOperations):
+    """Reads of ``held`` files wait until ``release`` is set; ``waiting`` counts them."""
+
+    def __init__(self, *args, held=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.held = {os.fsencode(n) for n in held}
+        self.release = threading.Event()
+        self.waiting = 0
+
+    def read(self, ino, fh, offset, size):
+        if os.fsencode(os.path.basename(self._path(ino)[1])) in self.held:
+            with self._lock:
+                self.waiting += 1
+            try:
+                self.release.wait(30)
+            finally:
+                with self._lock:
+                    self.waiting -= 1
+        return super().read(ino, fh, offset, size)
+
+
+def test_held_up_readers_hand_their_turn_off(tree, tmp_path):
+    """2 of 6 workers read requests at a time; 3 reads held up (a cold block waiting on the UFS)
+    hand their turns off, so all 3 are answered at once and a fourth file is served meanwhile."""
+    root, digests = tree
+    mp = str(tmp_path / "mnt")
+    os.makedirs(mp)
+    held = ["one.bin", "page-1.bin", "mib+1.bin"]
+    ops = HeldMirror(root, passthrough=False, held=held)
+    server = FuseServer(ops, mp, workers=6, readers=2, passthrough=False)
+    session = server.start()
+    got = {}
+    threads = [threading.Thread(target=lambda n=n: got.__setitem__(n, sha_file(os.path.join(mp, n)))) for n in held]
+    try:
+        assert session.gate.readers == 2
+        for t in threads:
+            t.start()
+        assert wait_for(lambda: ops.waiting == 3), f"{ops.waiting} of 3 held reads reached the daemon"
+        assert sha_file(os.path.join(mp, "a/b/c/deep.txt")) == digests["a/b/c/deep.txt"]
+        assert session.gate.handoffs >= 2  # the third held read and deep.txt needed a turn each
+    finally:
+        ops.release.set()
+        for t in threads:
+            t.join(30)
+        assert server.stop(timeout=10)
+    assert got == {n: digests[n] for n in held}
+    assert session.alive_workers == 0  # workers waiting for a turn ended too, and the gate's watcher
+
+
 # -- passthrough refused, invalidation, mounting ---------------------------------------------------
 class RefusedPassthrough(MirrorOperations):
     """Names a directory as the backing file: the kernel refuses it (no read_iter)."""

@@ -23,14 +23,15 @@ import os
 from datacache import mountinfo
 from datacache_fuse.kernel import mount as kmount
 from datacache_fuse.kernel.operations import Operations
-from datacache_fuse.kernel.session import Session
+from datacache_fuse.kernel.session import READERS, Session
 
 log = logging.getLogger("datacache_fuse")
 
 
 class FuseServer:
-    """``ops`` mounted at ``mountpoint`` and served by ``workers`` threads while the ``with``
-    block (or between :meth:`start` and :meth:`stop`) runs.
+    """``ops`` mounted at ``mountpoint`` and served by ``workers`` threads (``readers`` of them
+    reading requests at a time: :mod:`.gate`) while the ``with`` block (or between :meth:`start`
+    and :meth:`stop`) runs.
 
     ``fsname``/``subtype``: the mount table's source and ``fuse.<subtype>`` type; ``passthrough``,
     ``max_stack_depth``: see :class:`.session.Session`; ``method``: see :func:`.mount.mount`;
@@ -40,13 +41,14 @@ class FuseServer:
     """
 
     def __init__(self, ops: Operations, mountpoint: str, *, fsname: str = "datacache", subtype: str = "datacache",
-                 workers: int = 4, passthrough: bool = True, max_stack_depth: int = 1, allow_other: bool = True,
-                 method: str = "auto", read_ahead_kib: int = 1024, options: tuple[str, ...] = (),
+                 workers: int = 4, readers: int = READERS, passthrough: bool = True, max_stack_depth: int = 1,
+                 allow_other: bool = True, method: str = "auto", read_ahead_kib: int = 1024, options: tuple[str, ...] = (),
                  uring: bool = False):
         self.ops = ops
         self.mountpoint = mountinfo.canonical(mountpoint)
         self.fsname, self.subtype = fsname, subtype
-        self.workers, self.passthrough, self.max_stack_depth = workers, passthrough, max_stack_depth
+        self.workers, self.readers = workers, readers
+        self.passthrough, self.max_stack_depth = passthrough, max_stack_depth
         self.allow_other, self.method, self.read_ahead_kib = allow_other, method, read_ahead_kib
         self.options = tuple(options)
         self.uring = uring
@@ -57,9 +59,9 @@ class FuseServer:
         """Mount, answer INIT, start the workers; returns the session."""
         self.mounted = kmount.mount(self.mountpoint, self.fsname, self.subtype, allow_other=self.allow_other,
                                     options=self.options, method=self.method)
-        self.session = Session(self.ops, self.mounted.fd, workers=self.workers, passthrough=self.passthrough,
-                               max_stack_depth=self.max_stack_depth, name=os.path.basename(self.mountpoint) or "fuse",
-                               uring=self.uring)
+        self.session = Session(self.ops, self.mounted.fd, workers=self.workers, readers=self.readers,
+                               passthrough=self.passthrough, max_stack_depth=self.max_stack_depth,
+                               name=os.path.basename(self.mountpoint) or "fuse", uring=self.uring)
         try:
             self.session.init()
             if self.read_ahead_kib:

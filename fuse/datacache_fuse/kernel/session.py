@@ -51,6 +51,7 @@ from typing import Callable
 from datacache_fuse.kernel import abi
 from datacache_fuse.kernel.abi import InitFlag, Op, OpenFlag
 from datacache_fuse.kernel.errnos import errno_of
+from datacache_fuse.kernel.gate import ReaderGate
 from datacache_fuse.kernel.operations import (Attr, DirEntry, EntryOut, OpenOut, Operations, Request,
                                               dirent_type)
 from datacache_fuse.kernel.passthrough import BackingFiles
@@ -66,6 +67,7 @@ MAX_WRITE = 128 * 1024  # bytes: the read buffer must hold this plus headers; no
 # processes, page cache warm, one entry per thread): with 1 thread per CPU some passes fell to
 # ~1,200 files/s, with 4 none did.
 RING_THREADS = 4
+READERS = 2  # workers reading /dev/fuse at a time (see datacache_fuse.kernel.gate)
 _WRITE_ACCESS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _NO_REPLY = object()
 _U32 = struct.Struct("=I")
@@ -126,17 +128,18 @@ def _cstring(body) -> bytes:
 class Session:
     """Serve ``ops`` (an :class:`.operations.Operations`) on FUSE descriptor ``fd``.
 
-    ``workers``: reader threads; ``passthrough``: ask the kernel for passthrough (used by OPEN
-    answers that name a file); ``max_stack_depth``: 1 lets the mount be stacked under an overlay,
-    2 lets backing files live on an overlay; ``max_read``: bytes per READ (a multiple of 4096);
-    ``on_init``: called with the session once INIT is answered (e.g. to widen read-ahead);
-    ``uring``: ask for FUSE over io_uring (:mod:`.ring_queue`; the kernel offers it only with the
-    ``fuse`` module parameter ``enable_uring`` on), served by ``ring_threads`` threads per CPU.
-    The session owns ``fd`` from now on (closed by :meth:`close`).
+    ``workers``: threads answering requests, of which ``readers`` read ``/dev/fuse`` at a time
+    (plus one for each held up by a slow request: :mod:`.gate`); ``passthrough``: ask the kernel
+    for passthrough (used by OPEN answers that name a file); ``max_stack_depth``: 1 lets the mount
+    be stacked under an overlay, 2 lets backing files live on an overlay; ``max_read``: bytes per
+    READ (a multiple of 4096); ``on_init``: called with the session once INIT is answered (e.g. to
+    widen read-ahead); ``uring``: ask for FUSE over io_uring (:mod:`.ring_queue`; the kernel offers
+    it only with the ``fuse`` module parameter ``enable_uring`` on), served by ``ring_threads``
+    threads per CPU. The session owns ``fd`` from now on (closed by :meth:`close`).
     """
 
-    def __init__(self, ops: Operations, fd: int, *, workers: int = 4, passthrough: bool = True,
-                 max_stack_depth: int = 1, max_read: int = MAX_READ, name: str = "fuse",
+    def __init__(self, ops: Operations, fd: int, *, workers: int = 4, readers: int = READERS,
+                 passthrough: bool = True, max_stack_depth: int = 1, max_read: int = MAX_READ, name: str = "fuse",
                  on_init: Callable[["Session"], None] | None = None, uring: bool = False,
                  ring_threads: int = RING_THREADS):
         if not 1 <= max_stack_depth <= abi.FILESYSTEM_MAX_STACK_DEPTH:
@@ -144,6 +147,8 @@ class Session:
         self.ops = ops
         self.fd = fd
         self.workers = max(1, int(workers))
+        self.readers = max(1, int(readers))
+        self.gate: ReaderGate | None = None  # made for the threads by start()
         self.want_passthrough = passthrough
         self.want_uring = uring
         # IOCTL answered ENOTTY by the request loops, without a handler, unless ops answer it
@@ -237,11 +242,15 @@ class Session:
     def start(self) -> None:
         """Start the worker threads (after :meth:`init`): with FUSE over io_uring agreed, one
         pinned thread per CPU's ring queue and one ``/dev/fuse`` reader (FORGET, INTERRUPT, and
-        whatever comes before every queue is registered); else ``workers`` readers."""
-        readers = self.workers
+        whatever comes before every queue is registered); else ``workers`` threads, ``readers``
+        of them reading at a time."""
+        threads = self.workers
         if self.kernel.has(InitFlag.OVER_IO_URING):
-            readers = 1 if self._start_rings() else self.workers
-        for i in range(readers):
+            threads = 1 if self._start_rings() else self.workers
+        self.gate = ReaderGate(min(threads, self.readers))
+        if threads > self.gate.readers:  # workers wait for a turn: hand turns off held-up ones
+            self._spawn(self.gate.watch, f"{self.name}-gate")
+        for i in range(threads):
             fd = self.fd if i == 0 else self._clone()
             self._spawn(functools.partial(self._worker, fd, self._counter()), f"{self.name}-{i}")
 
@@ -362,11 +371,20 @@ class Session:
 
     # -- the loop --------------------------------------------------------------------------------
     def _worker(self, fd: int, counter: collections.Counter) -> None:
+        gate = self.gate
+        turn = gate.join()
+        try:
+            self._serve(fd, counter, turn)
+        finally:
+            gate.leave(turn)
+
+    def _serve(self, fd: int, counter: collections.Counter, turn) -> None:
         buf = bytearray(self._bufsize)
         view = memoryview(buf)
         hsize = abi.IN_HEADER.size
         unpack = abi.IN_HEADER.unpack_from
         enotty = self._ioctl_enotty
+        begin, end = self.gate.begin, self.gate.end
         while not self._destroyed:
             try:
                 n = os.readv(fd, [buf])
@@ -384,9 +402,11 @@ class Session:
             if opcode == _IOCTL and enotty:  # isatty() of every buffered open()
                 self._reply(fd, unique, _ENOTTY)
                 continue
+            begin(turn)
             answer = self._answer(opcode, nodeid, view[hsize:min(length, n)], Request(uid, gid, pid))
             if answer is not None:
                 self._reply(fd, unique, answer[0], *answer[1])
+            end(turn)
 
     def _answer(self, opcode: int, nodeid: int, body, req: Request) -> tuple[int, tuple | list] | None:
         """Run the handler of ``opcode``: ``(0 or -errno, [reply payload parts])``, or None when
