@@ -7,6 +7,7 @@ import os
 
 from datacache.api.loader import load_resources
 from datacache.cache.disk import DiskTier
+from datacache.control.supervisor import wait_until
 from datacache.control.embedded import Embedded
 
 
@@ -65,3 +66,11 @@ def disk_keys(path) -> set[str]:
         return set(tier.keys())
     finally:
         tier.close()
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.05):
+    """Poll ``predicate`` every ``interval`` seconds until it returns something true (returned);
+    AssertionError naming ``what`` after ``timeout`` seconds."""
+    value = wait_until(predicate, timeout, interval)
+    assert value, f"timed out after {timeout:g} s waiting for {what}"
+    return value

@@ -18,7 +18,7 @@ from datacache.cluster.membership import Membership
 from datacache.cluster.worker_source import connect
 from datacache.control import supervisor
 from datacache.control.embedded import Embedded
-from support import disk_keys
+from support import disk_keys, wait_for  # noqa: F401 - wait_for is this directory's helper too
 
 MiB = 1 << 20
 
@@ -73,10 +73,6 @@ def worker_metrics(home, name: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    value = supervisor.wait_until(predicate, timeout)
-    assert value, f"timed out waiting for {what}"
-    return value
 
 
 def kill_worker(home, name: str, worker_id: str) -> Member:

@@ -15,7 +15,8 @@ import re
 import signal
 import subprocess
 import sys
-import time
+
+from support import wait_for
 
 HAVE_FUSE = os.path.exists("/dev/fuse")
 SKIP_REASON = "needs /dev/fuse (FUSE kernel support); install fuse3 and run where /dev/fuse exists"
@@ -238,12 +239,4 @@ def force_cleanup(home: str, mountpoint: str, *pids: int | None) -> None:
             pass
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+wait_until = wait_for  # the name this directory's tests use

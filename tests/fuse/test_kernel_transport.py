@@ -28,7 +28,7 @@ from datacache_fuse.kernel.abi import Op
 from datacache_fuse.kernel.mirror import MirrorOperations
 from datacache_fuse.kernel.operations import OpenOut
 from datacache_fuse.kernel.server import FuseServer
-from fuse_support import uring_enabled
+from fuse_support import uring_enabled, wait_until
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() != 0,
                                 reason="needs /dev/fuse and root (mount(2) of a FUSE file system)")
@@ -45,15 +45,6 @@ def mmap_sha(path: str) -> str:
             "    print(hashlib.sha256(m[:]).hexdigest())")
     return subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True,
                           timeout=60).stdout.strip()
-
-
-def wait_for(cond, timeout: float = 5.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +189,7 @@ def test_reads_equal_the_source(mounted, tree):
         # The kernel read the backing files itself: not one READ, and read() was never called.
         assert counts[Op.READ] == 0 and ops.calls["read"] == 0
         assert counts[Op.OPEN] >= len(digests) and server.session.backing.refused == 0
-        assert wait_for(lambda: server.session.backing.held == 0)  # released with the last handle
+        wait_until(lambda: server.session.backing.held == 0, 5, "the backing id's release with the last handle")
         # One BACKING_OPEN per file: the reopens (mmap, the seek) reused the idle backing ids.
         assert server.session.backing.registered == server.session.backing.open_ids == len(digests)
     else:
@@ -318,7 +309,7 @@ def test_held_up_readers_hand_their_turn_off(tree, tmp_path):
         assert session.gate.readers == 2
         for t in threads:
             t.start()
-        assert wait_for(lambda: ops.waiting == 3), f"{ops.waiting} of 3 held reads reached the daemon"
+        wait_until(lambda: ops.waiting == 3, 5, "3 held reads to reach the daemon")
         assert sha_file(os.path.join(mp, "a/b/c/deep.txt")) == digests["a/b/c/deep.txt"]
         assert session.gate.handoffs >= 2  # the third held read and deep.txt needed a turn each
     finally:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from importlib.metadata import entry_points
 
 from datacache import mountinfo
 from datacache.mountinfo import MountState
+from support import wait_for  # noqa: F401 - the helper this directory's tests import from here
 
 GROUP = "datacache.engines"
 
@@ -77,12 +77,3 @@ def processes_naming(text: str) -> list[int]:
     return found
 
 
-def wait_for(predicate, timeout: float, what: str):
-    """Poll ``predicate`` every 0.1 s until it returns something true; AssertionError after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(0.1)
