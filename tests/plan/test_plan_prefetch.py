@@ -105,6 +105,30 @@ def test_a_read_out_of_order_is_served_and_moves_nothing(pics):
         assert follower.prefetchers == {} and disk.rank_victims is None  # no plan: LRU again
 
 
+def test_a_plan_opens_the_ufs_ahead_of_its_fills(pics):
+    """A reader of cached blocks opens no UFS mount (no client import, no credentials); once it
+    follows a plan, its process will fill from the UFS, and the mounts open in the background."""
+    plane, files = pics
+    plane.warmup("pics", [])
+    order = sorted(files)
+    paths = read_path(plane.home)
+    client = paths.open_dataset("pics")
+    try:
+        assert client.read(client.stat(order[0]), 0, 1 << 20) == files[order[0]]
+        time.sleep(0.2)
+        assert client.ufs._mounts is None  # no plan: nothing opened for a cached read
+        publish_plan(plane.paths, "pics", order)
+        time.sleep(0.1)  # the follower looks at the plan directory at most once per interval
+        assert client.read(client.stat(order[1]), 0, 1 << 20) == files[order[1]]
+        assert wait_until(lambda: client.ufs._mounts is not None, 10), "the plan did not open the UFS mounts"
+        assert list(client.ufs.mounts) == ["local"]
+        hits, misses = client.source.hit_counts()
+        assert misses == 0  # both reads were hits: the mounts were opened for the plan, not by a read
+    finally:
+        client.close()
+        paths.close()
+
+
 def test_a_changed_file_is_prefetched_at_its_new_version(pics, tmp_path):
     plane, files = pics
     order = sorted(files)[:10]
