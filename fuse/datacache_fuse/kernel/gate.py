@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+
 STUCK_AFTER_S = 0.002  # a request running longer than this lets another worker read
 IDLE_AFTER_S = 1.0  # no request seen for this long: the watcher sleeps until the next one
 

@@ -51,7 +51,7 @@ from typing import Callable
 from datacache_fuse.kernel import abi
 from datacache_fuse.kernel.abi import InitFlag, Op, OpenFlag
 from datacache_fuse.kernel.errnos import errno_of
-from datacache_fuse.kernel.gate import ReaderGate
+from datacache_fuse.kernel.gate import ReaderGate, Turn
 from datacache_fuse.kernel.operations import (Attr, DirEntry, EntryOut, OpenOut, Operations, Request,
                                               dirent_type)
 from datacache_fuse.kernel.passthrough import BackingFiles
@@ -378,7 +378,7 @@ class Session:
         finally:
             gate.leave(turn)
 
-    def _serve(self, fd: int, counter: collections.Counter, turn) -> None:
+    def _serve(self, fd: int, counter: collections.Counter, turn: Turn) -> None:
         buf = bytearray(self._bufsize)
         view = memoryview(buf)
         hsize = abi.IN_HEADER.size
