@@ -86,8 +86,8 @@ class PlanFollower:
         """Open the dataset's UFS mounts on a thread of their own, once: this process fills from
         the UFS itself (prefetch, demand misses), and opening a mount imports its client (fsspec's
         HTTP one and aiohttp: 0.15-0.25 s here), which the plan's first fill and first miss, due at
-        the plan's start, would otherwise both wait for (measured: a planned epoch's first read
-        0.2-0.4 s, 0.03-0.2 s with the client loaded). Mounts stay closed without a plan (a reader
+        the plan's start, would otherwise both wait for (measured: a later planned epoch's first
+        read 0.2-0.4 s -> 0.02-0.04 s). Mounts stay closed without a plan (a reader
         of cached blocks needs no UFS client nor credentials); a mount that fails to open here
         fails again, and is reported, at the read that needs it."""
         if self._ufs_opening:
