@@ -892,9 +892,9 @@ class DiskTier:
         partial index of reserved rows); not in the sweep thread, which must not use the index
         connection a ``close`` may be closing. Returns how many."""
         with self._exclusive():
+            # digest = '' spelled as the literal: the partial index blocks_pending serves only that
             rows = self._db.execute("SELECT b.file, b.idx, b.size, f.name, f.stride FROM blocks b JOIN files f "
-                                    "ON f.file = b.file WHERE b.digest = '' AND b.atime < ?",  # the partial index's
-                                    (cutoff,)).fetchall()
+                                    "ON f.file = b.file WHERE b.digest = '' AND b.atime < ?", (cutoff,)).fetchall()
             for file, index, size, name, stride in rows:
                 self._unreserve(file, index, os.path.join(self.files, name), max(index, 0) * stride, size)
         return len(rows)
