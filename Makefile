@@ -5,33 +5,36 @@
 # HTTP source, OpenSSH for SFTP, rclone and s3fs-fuse as peers, fio for the benchmarks' smoke
 # test) only when one is missing; it needs root (CI runs as root) or password-less sudo. `venv`
 # makes .venv and installs this project with its dev extras, again only when pyproject.toml
-# changed since the last install.
+# changed since the last install. `make demo` needs less (fuse3 and the demo extras: a few
+# minutes on a fresh machine); a later `make test` adds the rest.
 
 SHELL       := /bin/bash
 PYTHON      ?= python3
 VENV        := .venv
 STAMP       := $(VENV)/.installed
+DEMO_STAMP  := $(VENV)/.installed-demo
 DEB_PACKAGES := fuse3 attr nginx openssh-server sshfs rclone s3fs fio
+DEMO_DEB_PACKAGES := fuse3
 # Each long step says what it does before it starts (a silent install looks hung).
 say          = @echo "==> [$$(date +%H:%M:%S)] $(1)"
 
-.PHONY: all system venv demo test clean
+.PHONY: all system system-demo venv demo test clean
 
 all: test
 
-system:
-	$(call say,make system: checking the Debian packages the tests use ($(DEB_PACKAGES)))
+define apt_install
+	$(call say,make system: checking the Debian packages $(2) uses ($(1)))
 	@set -euo pipefail; \
 	if ! command -v dpkg >/dev/null; then \
-	  echo "make system: not a Debian-based system; install by hand: $(DEB_PACKAGES)" >&2; exit 0; fi; \
+	  echo "make system: not a Debian-based system; install by hand: $(1)" >&2; exit 0; fi; \
 	missing=""; \
-	for p in $(DEB_PACKAGES); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for p in $(1); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if ! command -v $(PYTHON) >/dev/null; then missing="$$missing python3 python3-venv"; \
 	else $(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; fi; \
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
-	else echo "make system: missing Debian packages:$$missing (run 'sudo make system')" >&2; exit 0; fi; \
+	else echo "make system: missing Debian packages:$$missing (run 'sudo make $@')" >&2; exit 0; fi; \
 	echo "==> [$$(date +%H:%M:%S)] make system: installing$$missing with apt-get (its progress follows)"; \
 	policy=""; \
 	if [ ! -e /usr/sbin/policy-rc.d ]; then \
@@ -41,6 +44,13 @@ system:
 	fi; \
 	$$sudo apt-get update; \
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing
+endef
+
+system:
+	$(call apt_install,$(DEB_PACKAGES),the test suite)
+
+system-demo:
+	$(call apt_install,$(DEMO_DEB_PACKAGES),the demo)
 
 # Installed packages must not start nginx/sshd on their default ports: the tests start their own
 # on loopback. A policy-rc.d that says "no" (as Docker images ship) is put in place for the install.
@@ -58,10 +68,19 @@ $(STAMP): pyproject.toml | system
 	  each package is named as it is fetched; then pip installs them all (about 100) without a word \
 	  for 1-2 minutes)
 	$(VENV)/bin/python -m pip install -e '.[dev]' 'torch==2.13.0'
-	touch $@
+	touch $@ $(DEMO_STAMP)
 	$(call say,make venv: $(VENV) is ready)
 
-demo: venv
+# The demo needs the demo extras only (moto's S3 server, Pillow, numpy): no torch, no test tools.
+$(DEMO_STAMP): pyproject.toml | system-demo
+	$(call say,make demo: creating $(VENV) with $(PYTHON))
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(call say,make demo: installing datacache with its demo extras with pip: each package is named as it \
+	  is fetched; then pip installs them all (about 60) without a word for about a minute)
+	$(VENV)/bin/python -m pip install --no-compile -e '.[demo]'  # modules compile at first import
+	touch $@
+
+demo: system-demo $(DEMO_STAMP)
 	$(call say,make demo: running 'datacache demo' (moto S3 + a local source: apply, warmup, read back, verify))
 	$(VENV)/bin/datacache demo
 

@@ -30,3 +30,14 @@ def test_every_long_step_of_make_demo_is_announced_first(tmp_path):
         before = [ln for ln in lines[max(0, i - LONG_STEPS[step]):i] if ln.lstrip().startswith("echo \"==> ")]
         assert before, f"{step!r} starts with nothing said before it:\n{out}"
     assert sorted(set(seen)) == sorted(LONG_STEPS), seen
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_installs_only_what_the_demo_needs(tmp_path):
+    """Issue 17: ``make demo`` under 5 minutes on a fresh machine. The test suite's packages (torch,
+    nginx, rclone, ...) took most of it; the demo installs fuse3 and the demo extras only."""
+    out = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    installs = [ln for ln in out.splitlines() if "-m pip install" in ln and not ln.lstrip().startswith("echo")]
+    assert len(installs) == 1 and "'.[demo]'" in installs[0] and "torch" not in installs[0], installs
+    assert "for p in fuse3; do" in out and "nginx" not in out, out
