@@ -1,6 +1,6 @@
 """Bounded soak: 16 concurrent readers — 8 through a FUSE mount, 8 through ``datacache://`` — over a
 runtime of 3 worker processes holding a dataset larger than their SSD quotas together, for
-``DATACACHE_SOAK_S`` seconds (default 60; set it higher for a long run); a worker is killed with
+``DATACACHE_SOAK_S`` seconds (default 30; set it higher for a long run); a worker is killed with
 SIGKILL a third of the way in and restarted by its supervisor. Zero wrong bytes (sha256 of every
 read against the source), zero hung reads, each worker's cache under its quota at every sample,
 the restarted worker keeps the blocks the kill left on its disk (any missing one is accounted
@@ -31,7 +31,7 @@ from fuse_support import HAVE_FUSE, SKIP_REASON, daemon_pid, force_cleanup, moun
 
 pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason=SKIP_REASON)
 
-DURATION_S = float(os.environ.get("DATACACHE_SOAK_S", "60"))
+DURATION_S = float(os.environ.get("DATACACHE_SOAK_S", "30"))
 QUOTA = 16 << 20  # per worker
 WORKERS = 3
 BLOCK = 256 << 10
