@@ -152,7 +152,10 @@ class Controller:
 
     def metrics(self, runtime) -> list[autoscale.WorkerMetrics]:
         """The ready workers' capacity and used bytes; ``hot_bytes`` is the block hits since the
-        previous call × the block size (an upper bound: a file's last block is shorter)."""
+        previous call × the block size (an upper bound: a file's last block is shorter). A worker
+        with no earlier figure here (new, or its metrics unreadable at the previous call: a busy
+        worker times out) counts every hit it has served: taken as 0, it would rank as the least
+        hot and be the first stopped on scale-in."""
         ns, name = runtime.metadata.namespace, runtime.metadata.name
         if readpath.distributed(runtime):
             from datacache.cluster.status import observe_workers
@@ -164,7 +167,7 @@ class Controller:
             store.close()
         out = []
         for w in workers:
-            before = self._hits.get((ns, name, w["name"]), w["hits"])
+            before = self._hits.get((ns, name, w["name"]), 0)
             self._hits[(ns, name, w["name"])] = w["hits"]
             out.append(autoscale.WorkerMetrics(w["name"], w["capacity"], w["used"],
                                                max(w["hits"] - before, 0) * runtime.spec.block_size_bytes))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 import threading
 
 from cluster_support import apply_cluster, block_bytes, live, open_client, stored_keys, worker_dirs, write_files
@@ -99,6 +100,37 @@ def test_scale_in_stops_the_least_hot_worker_while_reads_stay_right(workers_home
     assert (status["phase"], status["desiredWorkers"], status["readyWorkers"]) == ("Ready", 2, 2)
     assert [w["name"] for w in status["workers"]] == ["cool-worker-1", "cool-worker-2"]
 
+
+
+def test_a_worker_unread_at_the_windows_start_is_not_taken_for_the_least_hot(workers_home, tmp_path):
+    """A worker whose metrics the controller could not read when the hit window started (stopped
+    here with SIGSTOP; a worker on a loaded machine times out the same way) counts the hits it
+    served since, not 0: with 0 it ranked as the least hot and was stopped first (seen on CI)."""
+    files = write_files(tmp_path / "src", {f"{i:02d}.bin": BS for i in range(16)})
+    plane = apply_cluster(workers_home, "late", [{"name": "local", "mountPoint": str(tmp_path / "src")}],
+                          replicas=2, block_size="64Ki")
+    _, result = plane.warmup("late", [])
+    assert result.ok
+    theirs = [p for p, w in owners(plane, "late", ["worker-0", "worker-1"]).items() if w == "worker-1"]
+    assert theirs  # 16 blocks over 2 workers: worker-1 owns some (all on worker-0: 1 in 65,536)
+    runtime = plane.get("CacheRuntime", "late")
+    ctl = Controller(plane)
+    pid = live(workers_home, "late")["worker-1"].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = {m.name: m for m in ctl.metrics(runtime)}  # the hit window starts without worker-1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert sorted(start) == ["late-worker-0"], start
+    http = open_client(plane, "late", short_circuit=False)  # every hit is counted by a worker
+    try:
+        for rel in theirs:
+            assert read(http, rel) == files[rel]
+    finally:
+        http.close()
+    hot = {m.name: m.hot_bytes for m in ctl.metrics(runtime)}
+    assert hot["late-worker-1"] >= len(theirs) * BS, hot
+    assert hot["late-worker-0"] == 0, hot
 
 def test_scaling_to_one_replica_keeps_every_workers_blocks(workers_home, tmp_path):
     files = write_files(tmp_path / "src", {f"{i:02d}.bin": 3 * BS + i for i in range(12)})
