@@ -25,17 +25,28 @@
 #include <errno.h>
 #include <stdint.h>
 
-#define MAXN 65536
+#define MAXN 65536            /* inodes: plenty for the benchmark's trees */
+#define SLOTS (2 * MAXN)       /* open-addressing table of path -> inode, never more than half full */
 #define BUFSZ ((1 << 20) + 8192)
 static char *paths[MAXN]; static int fds[MAXN]; static int nnodes = 2;
+static uint32_t slots[SLOTS];  /* 0: empty, else an inode number */
 static pthread_mutex_t lk = PTHREAD_MUTEX_INITIALIZER;
 static int devfd;
 
+static uint32_t fnv1a(const char *p) {
+    uint32_t h = 2166136261u;
+    while (*p) h = (h ^ (unsigned char)*p++) * 16777619u;
+    return h;
+}
+/* The inode of path p, made on first sight; 0 when the table is full. */
 static uint64_t find_or_add(const char *p) {
     pthread_mutex_lock(&lk);
-    for (int i = 2; i < nnodes; i++) if (!strcmp(paths[i], p)) { pthread_mutex_unlock(&lk); return i; }
-    int i = nnodes++; paths[i] = strdup(p); fds[i] = -1;
-    pthread_mutex_unlock(&lk); return i;
+    uint32_t i = fnv1a(p) % SLOTS;
+    while (slots[i] && strcmp(paths[slots[i]], p)) i = (i + 1) % SLOTS;
+    uint64_t ino = slots[i];
+    if (!ino && nnodes < MAXN) { ino = nnodes++; paths[ino] = strdup(p); fds[ino] = -1; slots[i] = ino; }
+    pthread_mutex_unlock(&lk);
+    return ino;
 }
 static void fill_attr(struct fuse_attr *a, struct stat *st, uint64_t ino) {
     memset(a, 0, sizeof *a);
@@ -74,6 +85,7 @@ static void *loop(void *arg) {
             snprintf(path, sizeof path, "%s/%s", paths[nid], name);
             if (lstat(path, &st) < 0) { reply(fd, in->unique, -errno, 0, 0); break; }
             uint64_t ino = find_or_add(path);
+            if (!ino) { reply(fd, in->unique, -ENOSPC, 0, 0); break; }
             struct fuse_entry_out e; memset(&e, 0, sizeof e);
             e.nodeid = ino; e.entry_valid = 60; e.attr_valid = 60; fill_attr(&e.attr, &st, ino);
             reply(fd, in->unique, 0, &e, sizeof e); break; }
