@@ -27,7 +27,8 @@ import sys
 import tempfile
 import time
 
-from benchmarks.fuse_read import drop_caches, verify_parallel
+from benchmarks.common import cpu_seconds
+from benchmarks.fuse_read import Mounts, drop_caches, start_fuse, verify_parallel
 from benchmarks.loads import ProcessReaders
 
 FILE_BYTES = 100_000
@@ -49,45 +50,18 @@ def make_tree(root: str, files: int) -> tuple[list[str], list[str]]:
     return rels, sums
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc/PID/stat``."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def datacache_mount(work: str, tree: str, mountpoint: str) -> int:
-    """Apply a Dataset over ``tree`` under ``work``'s own DATACACHE_HOME, warm it whole, mount it
-    no-open in the background; returns the daemon's pid."""
-    home = os.path.join(work, "home")
-    spec = os.path.join(work, "small.yaml")
+def prepare_datacache(home: str, tree: str) -> None:
+    """Apply a Dataset ``small`` over ``tree`` in DATACACHE_HOME ``home`` and warm it whole."""
+    spec = os.path.join(home, "small.yaml")
+    os.makedirs(home, exist_ok=True)
     with open(spec, "w") as f:
         f.write(f"apiVersion: datacache.io/v1alpha1\nkind: Dataset\nmetadata: {{name: small}}\n"
                 f"spec:\n  mounts: [{{name: local, mountPoint: {tree}}}]\n---\n"
                 "apiVersion: datacache.io/v1alpha1\nkind: CacheRuntime\nmetadata: {name: small}\n"
                 "spec:\n  tieredstore:\n    levels: [{mediumtype: SSD, path: cache/ssd, quota: 4Gi}]\n")
-    dc = [sys.executable, "-m", "datacache"]
     env = {**os.environ, "DATACACHE_HOME": home}
-    for args in (["apply", "-f", spec], ["warmup", "small", "/"],
-                 ["mount", "small", mountpoint, "--background", "--read-mode", "no-open"]):
-        subprocess.run(dc + args, env=env, check=True, capture_output=True, text=True)
-    with open("/proc/mounts") as f:
-        assert any(line.split()[1] == mountpoint for line in f), f"no mount at {mountpoint}"
-    out = subprocess.run(["pgrep", "-f", f"datacache_fuse.* {mountpoint}"], capture_output=True, text=True).stdout
-    return int(out.split()[0])
-
-
-def native_mount(work: str, tree: str, mountpoint: str, threads: int) -> subprocess.Popen:
-    """Compile :data:`SOURCE` with gcc into ``work`` and mount it over ``tree`` at ``mountpoint``."""
-    exe = os.path.join(work, "native_floor")
-    subprocess.run(["gcc", "-O2", "-pthread", "-o", exe, SOURCE], check=True)
-    proc = subprocess.Popen([exe, mountpoint, tree, str(threads)])
-    for _ in range(100):
-        if os.path.ismount(mountpoint):
-            return proc
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"the native prototype did not mount at {mountpoint}")
+    for args in (["apply", "-f", spec], ["warmup", "small", "/"]):
+        subprocess.run([sys.executable, "-m", "datacache", *args], env=env, check=True, capture_output=True)
 
 
 def run(files: int, passes: int, threads: int, log=print, parent: str | None = None) -> None:
@@ -98,15 +72,18 @@ def run(files: int, passes: int, threads: int, log=print, parent: str | None = N
     if shutil.which("gcc") is None:
         raise SystemExit("native_floor: gcc is needed to compile the prototype (apt-get install gcc)")
     work = tempfile.mkdtemp(prefix="datacache-native-floor-", dir=parent)
-    tree, mnt_dc, mnt_c = (os.path.join(work, d) for d in ("tree", "mnt-datacache", "mnt-native"))
-    for d in (mnt_dc, mnt_c):
-        os.makedirs(d)
-    native = None
+    tree, home, exe = (os.path.join(work, d) for d in ("tree", "home", "native_floor"))
+    mounts = Mounts()
     try:
         rels, sums = make_tree(tree, files)
-        dc_pid = datacache_mount(work, tree, mnt_dc)
-        native = native_mount(work, tree, mnt_c, threads)
-        sides = [("direct", tree, None), ("native C", mnt_c, native.pid), ("datacache", mnt_dc, dc_pid)]
+        prepare_datacache(home, tree)
+        dc = mounts.datacache("datacache", home, os.path.join(work, "mnt-datacache"), "no-open", dataset="small")
+        subprocess.run(["gcc", "-O2", "-pthread", "-o", exe, SOURCE], check=True)
+        mnt_c = os.path.join(work, "mnt-native")
+        os.makedirs(mnt_c)
+        native = start_fuse(mounts, "native", "native C", [exe, mnt_c, tree, str(threads)], mnt_c,
+                            os.path.join(work, "native.log"))
+        sides = [("direct", tree, None), ("native C", mnt_c, native.pid), ("datacache", dc.mountpoint, dc.pid)]
         for _, base, _ in sides[1:]:
             verify_parallel([os.path.join(base, r) for r in rels], sums, 1 << 20)
         log(f"{files:,} files of {FILE_BYTES:,} bytes, 4 reader processes, buffered open(); "
@@ -129,11 +106,7 @@ def run(files: int, passes: int, threads: int, log=print, parent: str | None = N
                     cells.append(f"{name} {rate:,.0f}/s {rate / direct:.2f}x" + (f" (daemon {cpu:.2f} s CPU)" if pid else ""))
                 log(f"{kind:8s}" + " | ".join(cells))
     finally:
-        subprocess.run([sys.executable, "-m", "datacache", "unmount", mnt_dc], capture_output=True,
-                       env={**os.environ, "DATACACHE_HOME": os.path.join(work, "home")})
-        subprocess.run(["umount", "-l", mnt_c], capture_output=True)
-        if native is not None:
-            native.wait(timeout=10)
+        mounts.cleanup()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -13,7 +13,8 @@ import sys
 
 def test_demo_end_to_end(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "datacache", "demo", "--files", "400", "--shard-mib", "64"], capture_output=True, timeout=900, env=env)
+    proc = subprocess.run([sys.executable, "-m", "datacache", "demo", "--files", "400", "--shard-mib", "64"],
+                          capture_output=True, timeout=900, env=env)
     out = proc.stdout.decode()
     assert proc.returncode == 0, out + proc.stderr.decode()
     assert re.search(r"410/410 files verified", out)

@@ -101,7 +101,6 @@ def test_scale_in_stops_the_least_hot_worker_while_reads_stay_right(workers_home
     assert [w["name"] for w in status["workers"]] == ["cool-worker-1", "cool-worker-2"]
 
 
-
 def test_a_worker_unread_at_the_windows_start_is_not_taken_for_the_least_hot(workers_home, tmp_path):
     """A worker whose metrics the controller could not read when the hit window started (stopped
     here with SIGSTOP; a worker on a loaded machine times out the same way) counts the hits it
@@ -130,6 +129,7 @@ def test_a_worker_unread_at_the_windows_start_is_not_taken_for_the_least_hot(wor
         http.close()
     hot = {m.name: m.hot_bytes for m in ctl.metrics(runtime)}
     assert hot["late-worker-1"] >= len(theirs) * BS, hot  # (worker-0's: the client's read-ahead of the next files)
+
 
 def test_scaling_to_one_replica_keeps_every_workers_blocks(workers_home, tmp_path):
     files = write_files(tmp_path / "src", {f"{i:02d}.bin": 3 * BS + i for i in range(12)})
