@@ -297,7 +297,7 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
             return
         try:
             if entry.path not in errors:
-                source.fill(entry, first, last, check)
+                source.fill(entry, first, last, check, bulk=True)
         except Exception as err:  # the file's failure, never the thread's: the load goes on
             errors.setdefault(entry.path, _reason(err))
             if isinstance(err, StaleFileError):

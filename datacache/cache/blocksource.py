@@ -54,11 +54,12 @@ class BlockSource(Protocol):
         """Start loading block ``index`` in the background through ``readahead`` if the budget
         allows; else nothing. A later :meth:`get` of it makes no second UFS or worker fetch."""
 
-    def fill(self, entry: FileEntry, first: int, last: int, check: bool = False) -> int:
+    def fill(self, entry: FileEntry, first: int, last: int, check: bool = False, bulk: bool = False) -> int:
         """Warmup: make blocks ``first..last`` (inclusive) cached; returns the bytes newly stored
         (0 when all were). A block counts as cached when its file is there at its size; with
         ``check`` only when its bytes also pass their checksum (missing or damaged blocks are
-        loaded again). Raises the UFS's error, or ``OSError(ENOSPC)`` when the cache cannot keep
+        loaded again). ``bulk``: a warmup's load, written around the page cache (``O_DIRECT``)
+        where the cache's file system allows; a fill that a reader follows soon passes False. Raises the UFS's error, or ``OSError(ENOSPC)`` when the cache cannot keep
         a block."""
 
     def verify(self, entry: FileEntry) -> list[tuple[int, bool]]:

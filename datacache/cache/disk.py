@@ -229,6 +229,7 @@ class DiskTier:
         self.full_bypasses = 0
         self.write_errors = 0
         self.healthy = True
+        self.direct_io = True  # bulk puts write with O_DIRECT until the file system refuses it
         self._damaged = False  # the last error said the index is damaged: the recheck reopens it
         self._unhealthy_since = 0.0
         self._accessed: dict[str, float] = {}  # key -> time of its last use, not yet in the index
@@ -632,11 +633,14 @@ class DiskTier:
 
     # -- writing -------------------------------------------------------------------------------------
 
-    def put(self, key: str, data: bytes | memoryview) -> bool:
+    def put(self, key: str, data: bytes | memoryview, bulk: bool = False) -> bool:
         """Store a block; False when it is not kept: larger than the high watermark even in an
         empty tier or than its file's stride, the device is full (after evicting to the low
         watermark and trying once more), or the tier is unhealthy. Never raises for a write
         failure: the caller still has the bytes, so the read is served and only caching is skipped.
+        ``bulk`` (a warmup's load, read later if at all): the bytes go around the page cache
+        (``O_DIRECT``, see :func:`~datacache.cache.extents.write_range`) while the file system
+        takes it.
 
         Three steps, so that puts of many threads and processes write their bytes at once (one
         4 MiB ``pwrite`` into the page cache takes ~10 ms here, and under the lock it capped a
@@ -661,7 +665,10 @@ class DiskTier:
                     return reserved
                 path, offset = reserved
                 try:
-                    write_range(path, offset, data, private.FILE_MODE)
+                    if not write_range(path, offset, data, private.FILE_MODE, bulk and self.direct_io):
+                        log.info("cache tier %s (%s): the file system refuses O_DIRECT; bulk loads write "
+                                 "through the page cache", self.path, self.medium)
+                        self.direct_io = False
                 except OSError as err:
                     with self._exclusive():
                         self._unreserve(file, index, path, offset, size)

@@ -105,11 +105,12 @@ class LocalBlockSource:
                  for i in range(block_count(entry.size, self.block_size)))
         return [(i, ok) for i, ok in found if ok is not None]
 
-    def fill(self, entry: FileEntry, first: int, last: int, check: bool = False) -> int:
+    def fill(self, entry: FileEntry, first: int, last: int, check: bool = False, bulk: bool = False) -> int:
         """Warmup: make blocks ``first..last`` (inclusive) cached with one UFS read of the missing
         span. A block counts as cached when its file is there at its size, or with ``check`` when
         its bytes pass their checksum (each is read; ``juicefs warmup --check``); a missing or
-        damaged one is loaded again. Returns the bytes newly stored; raises the UFS's error,
+        damaged one is loaded again. ``bulk``: a warmup's load, stored around the page cache
+        (see :meth:`TieredStore.put`); a plan's fill, read soon, is not. Returns the bytes newly stored; raises the UFS's error,
         ``OSError(ENOSPC)`` when the store cannot keep a block, or ``OSError(EBUSY)`` when the
         bytes cannot be proven one version (another process has the local file open for writing).
         Holds ``FILL_COPIES`` times the span's bytes against the memory budget while it runs."""
@@ -128,13 +129,13 @@ class LocalBlockSource:
             with self._locked([keys[i] for i in missing]):
                 # another process may have filled some while this one waited for the locks
                 missing = [i for i in missing if keys[i] not in self.store]
-                return self._fill_span(entry, missing, keys) if missing else 0
+                return self._fill_span(entry, missing, keys, bulk) if missing else 0
         finally:
             budget.release(held)
 
-    def _fill_span(self, entry: FileEntry, missing: list[int], keys: dict[int, str]) -> int:
+    def _fill_span(self, entry: FileEntry, missing: list[int], keys: dict[int, str], bulk: bool) -> int:
         """Store blocks ``missing`` (ascending) from one UFS read of their span; bytes stored.
-        ``keys``: the cache key of each block index."""
+        ``keys``: the cache key of each block index; ``bulk``: see :meth:`fill`."""
         start = block_range(missing[0], entry.size, self.block_size)[0]
         end = block_range(missing[-1], entry.size, self.block_size)[1]
         data = self._read_ufs(entry, start, end)
@@ -145,7 +146,7 @@ class LocalBlockSource:
         for i in missing:
             b0, b1 = block_range(i, entry.size, self.block_size)
             full_before = _full_bypasses(self.store)
-            if not self.store.put(keys[i], view[b0 - start:b1 - start]):
+            if not self.store.put(keys[i], view[b0 - start:b1 - start], bulk):
                 raise OSError(errno.ENOSPC, _not_kept(self.store, b1 - b0, full_before), entry.path)
             stored += b1 - b0
         return stored

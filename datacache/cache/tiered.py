@@ -100,10 +100,11 @@ class TieredStore:
         :meth:`verify` (read, checked, dropped when it fails)."""
         return self.verify(key) if key in self else None
 
-    def put(self, key: str, data: bytes) -> bool:
-        """Store a block; False when no level could keep it (larger than every level's quota)."""
+    def put(self, key: str, data: bytes, bulk: bool = False) -> bool:
+        """Store a block; False when no level could keep it (larger than every level's quota).
+        ``bulk``: a warmup's load, written around the page cache (see :meth:`DiskTier.put`)."""
         if self._disk is not None:
-            return self._disk.put(key, data)
+            return self._disk.put(key, data, bulk)
         return self._mem.put(key, bytes(data))
 
     def advise(self, key: str) -> bool:

@@ -222,9 +222,10 @@ class Worker:
             return web.json_response({"error": "Draining", "message": f"{self.worker_id} is being drained"},
                                      status=503)
         files = body.get("files")
-        check = body.get("check", False)
-        if not isinstance(check, bool):
-            raise wire.BadRequest("check: expected true or false")
+        check, bulk = body.get("check", False), body.get("bulk", False)
+        for name, flag in (("check", check), ("bulk", bulk)):
+            if not isinstance(flag, bool):
+                raise wire.BadRequest(f"{name}: expected true or false")
         if not isinstance(files, list) or not 0 < len(files) <= MAX_FILES:
             raise wire.BadRequest(f"files: expected a list of 1 to {MAX_FILES} files")
         jobs = []
@@ -236,7 +237,7 @@ class Worker:
             if not isinstance(blocks, list) or not 0 < len(blocks) <= wire.MAX_KEYS:
                 raise wire.BadRequest("blocks: expected a non-empty list of block indexes")
             indexes = sorted({wire.parse_index({"i": i}, entry, self.block_size, "i") for i in blocks})
-            jobs.append(self._fill_file(entry, indexes, check))
+            jobs.append(self._fill_file(entry, indexes, check, bulk))
         return await _slow_json(request, asyncio.gather(*jobs), "results")
 
     async def drain(self, request: web.Request) -> web.StreamResponse:
@@ -330,10 +331,10 @@ class Worker:
             self.peer_bytes += len(data)
         return kept
 
-    async def _fill_file(self, entry, indexes: list[int], check: bool = False) -> dict:
+    async def _fill_file(self, entry, indexes: list[int], check: bool = False, bulk: bool = False) -> dict:
         """Copy what peers hold of blocks ``indexes``, fill contiguous runs of the rest concurrently
-        from the UFS (``check``: blocks held here are verified by checksum first, see
-        :meth:`LocalBlockSource.fill`); ``{"stored": bytes, "ufs": bytes}`` or the first error."""
+        from the UFS (``check``: blocks held here are verified by checksum first; ``bulk``: written
+        around the page cache; see :meth:`LocalBlockSource.fill`); ``{"stored": bytes, "ufs": bytes}`` or the first error."""
         copied = 0
         if self.peers is not None:
             keys = [str(self.source.key(entry, i)) for i in indexes]
@@ -343,7 +344,7 @@ class Worker:
                 if await self._keep(key, data):
                     copied += len(data)
         runs = _runs(indexes)
-        done = await asyncio.gather(*(self._in_pool(self.source.fill, entry, a, b, check) for a, b in runs),
+        done = await asyncio.gather(*(self._in_pool(self.source.fill, entry, a, b, check, bulk) for a, b in runs),
                                     return_exceptions=True)
         ufs = sum(r for r in done if isinstance(r, int))
         for result in done:

@@ -197,15 +197,17 @@ class WorkerClient:
         return out
 
     async def fill(self, url: str, where: str, entry: FileEntry, indexes: list[int],
-                   check: bool = False) -> tuple[int, int]:
+                   check: bool = False, bulk: bool = False) -> tuple[int, int]:
         """Have the worker cache blocks ``indexes`` of ``entry`` (with ``check``, verifying the
-        checksums of those it holds); returns ``(bytes it stored, of which read from the UFS)``
+        checksums of those it holds; with ``bulk``, writing around its page cache); returns ``(bytes it stored, of which read from the UFS)``
         (the rest it copied from peers). Raises the UFS's error type (or ENOSPC) when the worker
         could not."""
         files = [{**wire.entry_fields(entry), "blocks": indexes}]
         request = {"dataset": self.dataset, "block_size": self.block_size, "files": files}
         if check:
             request["check"] = True
+        if bulk:
+            request["bulk"] = True
         status, _, body = await self._request("POST", url, "/v1/fill", where, json=request)
         self._check(status, body, where, entry.path)
         (result,) = _json_field(body, "results", where)

@@ -111,13 +111,13 @@ class ClusterBlockSource:
         start, end = block_range(index, entry.size, self.block_size)
         self.readahead.keep(key, end - start, functools.partial(self._fetch, entry, index, key))
 
-    def fill(self, entry: FileEntry, first: int, last: int, check: bool = False) -> int:
+    def fill(self, entry: FileEntry, first: int, last: int, check: bool = False, bulk: bool = False) -> int:
         """Warmup: have the owners cache blocks ``first..last``; returns the bytes newly stored.
-        With ``check`` the workers verify the checksums of the blocks they hold (see
-        :meth:`LocalBlockSource.fill`). Raises the UFS's error, ``OSError(ENOSPC)`` from a full
+        With ``check`` the workers verify the checksums of the blocks they hold, with ``bulk``
+        they write around their page cache (see :meth:`LocalBlockSource.fill`). Raises the UFS's error, ``OSError(ENOSPC)`` from a full
         worker, or ``OSError(EHOSTDOWN)`` when no live worker is left to hold a block."""
         done, unplaced = self._scatter(entry, range(first, last + 1),
-                                       lambda m, idx: self._client.fill(m.url, m.worker_id, entry, idx, check))
+                                       lambda m, idx: self._client.fill(m.url, m.worker_id, entry, idx, check, bulk))
         self._forget(entry)
         stored, errors = 0, []
         for member, idx, result in done:

@@ -22,7 +22,7 @@ from cluster_support import (MiB, apply_cluster, block_bytes, corrupt_block_file
 from datacache.api.quantity import format_bytes
 from datacache.cache.blocks import checksum
 from datacache.cache.disk import DiskTier
-from datacache.cluster import auth, transport
+from datacache.cluster import auth, transport, wire
 from datacache.cluster.placement import owners
 from datacache.warmup import warmup
 
@@ -259,6 +259,11 @@ def test_every_request_field_is_validated(cluster, module_home):
     assert _http("POST", url + "/v1/exists", hdr, body=b"not json")[0] == 400
     files = [{"mount": "local", "ufs_path": "/etc/passwd", "version": "v", "size": 10, "blocks": [0]}]
     assert _http("POST", url + "/v1/fill", hdr, body={"dataset": NAME, "block_size": BLOCK, "files": files})[0] == 400
+    files = [{**wire.entry_fields(client.stat("local/multi.bin")), "blocks": [0]}]
+    for flag in ("check", "bulk"):
+        code, body = _http("POST", url + "/v1/fill", hdr,
+                           body={"dataset": NAME, "block_size": BLOCK, "files": files, flag: "yes"})
+        assert code == 400 and f"{flag}: expected true or false".encode() in body, (flag, code, body)
     client.close()
 
 
@@ -358,8 +363,6 @@ def test_a_token_of_another_dataset_gets_401_and_no_data(cluster, module_home):
 
 
 def test_oversized_and_malformed_requests_get_4xx_and_no_data(cluster, module_home):
-    from datacache.cluster import wire
-
     plane, contents = cluster
     client = plane.open_dataset(NAME)
     good = _block_params(client, "local/multi.bin")

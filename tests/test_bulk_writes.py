@@ -1,0 +1,113 @@
+"""A warmup's load is written around the page cache (O_DIRECT, as the kernel's cachefiles writes
+its cache): it neither evicts what readers use nor pays for filling pages nobody reads yet. A
+reader's fill, read again soon, still goes through the page cache; a file system that refuses
+O_DIRECT takes the same bytes buffered. Residency is what util-linux's ``fincore`` reports."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+
+import pytest
+
+from datacache.cache.disk import DiskTier
+from datacache.cache.extents import DIRECT_ALIGN, write_range
+from support import apply_dataset
+
+MiB = 1 << 20
+
+
+def resident(path: str) -> int:
+    """Bytes of ``path`` in the page cache (``fincore``)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", path],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.strip())
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_direct_write_leaves_only_its_unaligned_tail_in_the_page_cache(tmp_path):
+    data = os.urandom(3 * MiB + 1000)
+    direct, buffered = str(tmp_path / "direct"), str(tmp_path / "buffered")
+    assert write_range(direct, 4 * MiB, data, 0o600, direct=True)
+    assert write_range(buffered, 4 * MiB, data, 0o600)
+    assert resident(direct) <= DIRECT_ALIGN  # the 1000-byte tail's page
+    assert resident(buffered) >= 3 * MiB
+    for path in (direct, buffered):
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        with open(path, "rb") as f:
+            assert f.read(4 * MiB) == bytes(4 * MiB)  # the range before it is a hole
+            assert _sha(f.read()) == _sha(data)
+
+
+def test_an_unaligned_offset_is_written_through_the_page_cache(tmp_path):
+    path = str(tmp_path / "f")
+    data = os.urandom(2 * MiB)
+    assert write_range(path, 100, data, 0o600, direct=True)  # not refused: just not alignable
+    assert resident(path) >= 2 * MiB
+    with open(path, "rb") as f:
+        f.seek(100)
+        assert f.read() == data
+
+
+@pytest.fixture
+def ramfs(tmp_path):
+    """A ramfs mount (it refuses O_DIRECT: EINVAL at open)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting ramfs needs root (CI runs as root)")
+    where = tmp_path / "ramfs"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(where)], check=True)
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def test_a_file_system_that_refuses_o_direct_takes_bulk_puts_buffered(ramfs, caplog):
+    block = 1 * MiB
+    tier = DiskTier(str(ramfs / "ssd"), 16 * block, block_size=block)
+    blocks = [os.urandom(block), os.urandom(block - 5)]
+    file = "ds/" + "b" * 32
+    try:
+        with caplog.at_level("INFO", logger="datacache"):
+            for i, data in enumerate(blocks):
+                assert tier.put(f"{file}/{i}", data, bulk=True)
+        assert tier.direct_io is False
+        refusals = [r.getMessage() for r in caplog.records if "refuses O_DIRECT" in r.getMessage()]
+        assert len(refusals) == 1 and str(ramfs / "ssd") in refusals[0]  # said once, not per block
+        for i, data in enumerate(blocks):
+            assert _sha(bytes(tier.get(f"{file}/{i}"))) == _sha(data)
+    finally:
+        tier.close()
+
+
+def test_a_warmup_stores_around_the_page_cache_and_a_reader_through_it(datacache_home, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {"warm.bin": os.urandom(9 * MiB + 123), "read.bin": os.urandom(5 * MiB)}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    plane = apply_dataset(datacache_home, "bulk", [{"name": "local", "mountPoint": str(src)}])
+    _, result = plane.warmup("bulk", ["warm.bin"])
+    assert result.ok and result.loaded_bytes == len(files["warm.bin"])
+    client = plane.open_dataset("bulk")
+    try:
+        disk = client.source.store.levels[-1]
+
+        def cache_file(name: str) -> str:
+            return disk.block_file(str(client.source.key(client.stat(name), 0)))
+
+        warmed = cache_file("warm.bin")
+        assert resident(warmed) <= DIRECT_ALIGN  # only the last block's unaligned tail page
+        with client.open("read.bin") as f:
+            assert _sha(f.read()) == _sha(files["read.bin"])  # a miss: filled by the reader
+        assert resident(cache_file("read.bin")) == len(files["read.bin"])
+        before = client.source.ufs_bytes
+        with client.open("warm.bin") as f:
+            assert _sha(f.read()) == _sha(files["warm.bin"])
+        assert client.source.ufs_bytes == before  # served from the cache file, not the UFS
+    finally:
+        client.close()
+        plane.close()
