@@ -7,6 +7,10 @@ in the source's memory budget); a segment is one UFS read that fills several
 blocks, so a large object costs a few large GETs and a small file one. Segments run ``parallel``
 at a time (the UFS sees that many concurrent reads) and hold their bytes against the source's
 memory budget.
+A load larger than half the machine's RAM (``BULK_RAM_FRACTION``) is written around the page cache
+(``O_DIRECT``): the page cache could not keep it, so filling it would only evict what readers use
+and cost the CPU of touching every page; a smaller one goes through it, so the first epoch after
+it reads memory.
 Already-cached blocks are skipped (a block file gone or short is not cached: it is loaded again),
 so a warmup is resumable. At the end every target is checked
 against what the cache actually holds (case C13): Complete means 100 % of its current-version
@@ -23,6 +27,7 @@ a block is stored whole or not at all, and a write cut short by the exit is swep
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +42,9 @@ from datacache.manifest import FileEntry
 _MAX_LISTED = 10
 CANCEL_GRACE_S = 0.5
 """Seconds that segments in flight get to finish after a cancel before they are abandoned."""
+BULK_RAM_FRACTION = 0.5
+"""A load of more than this fraction of the machine's RAM (bytes selected) is written around the
+page cache (see the module doc)."""
 
 
 @dataclass
@@ -108,7 +116,7 @@ class Progress:
 
 def warmup(client, targets: list[str | tuple[str, list[str]]] | None = None, *, parallel: int = 16, segment_bytes: int = 32 << 20,
            on_progress: Callable[[Progress], None] | None = None,
-           cancel: threading.Event | None = None, check: bool = False) -> WarmupResult:
+           cancel: threading.Event | None = None, check: bool = False, bulk_over: int | None = None) -> WarmupResult:
     """Load ``targets`` (default: the whole dataset) of ``client`` (a DatasetClient) into its cache.
     A target is a dataset path (file, directory, glob) or ``(label, [file path, ...])``, a list
     loaded in its order (a recorded trace).
@@ -123,7 +131,8 @@ def warmup(client, targets: list[str | tuple[str, list[str]]] | None = None, *, 
     (set from another thread or a signal handler) stops the load within ``CANCEL_GRACE_S``
     seconds: no new segment starts, segments in flight get the grace to finish and are then
     abandoned (``WarmupResult.in_flight``). Each block is stored whole or not at all, so what is
-    loaded stays loaded and a later run resumes from it.
+    loaded stays loaded and a later run resumes from it. ``bulk_over`` (bytes; default
+    ``BULK_RAM_FRACTION`` of the RAM): a load of more bytes is written around the page cache.
     """
     started = time.monotonic()
     manifest = client.manifest
@@ -158,14 +167,17 @@ def warmup(client, targets: list[str | tuple[str, list[str]]] | None = None, *, 
     if on_progress is not None:  # the totals are known: a bar can start here
         on_progress(progress)
     ufs_before, full_before = client.source.ufs_bytes, _device_full_count(client.source)
+    if bulk_over is None:
+        bulk_over = int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * BULK_RAM_FRACTION)
+    bulk = progress.bytes_total > bulk_over
     file_errors, stale, in_flight = _load(client, list(selected.values()), owners, parallel, segment_bytes,
-                                          progress, on_progress, cancel, check)
+                                          progress, on_progress, cancel, check, bulk)
     cancelled = cancel is not None and cancel.is_set()
     if stale and not cancelled:  # changed in the UFS since the sync: load their current versions
         fresh = _refresh(client, stale, file_errors)
         per_target = [[fresh.get(e.path, e) for e in mine] for mine in per_target]
         more_errors, _, in_flight = _load(client, list(fresh.values()), {p: [] for p in fresh}, parallel,
-                                          segment_bytes, Progress(len(fresh), 0), None, cancel, check)
+                                          segment_bytes, Progress(len(fresh), 0), None, cancel, check, bulk)
         file_errors.update(more_errors)
         cancelled = cancel is not None and cancel.is_set()
         for res, mine in zip(results, per_target):
@@ -271,9 +283,9 @@ def _segments(entry: FileEntry, block_size: int, segment_bytes: int):
 
 
 def _load(client, entries, owners, parallel, segment_bytes, progress, on_progress, cancel,
-          check: bool) -> tuple[dict[str, str], set[str], tuple[threading.Thread, ...]]:
-    """Run all segments, counting each into ``progress`` and the TargetProgress of each target in
-    ``owners[path]``; returns {dataset path: error message} for files that failed, the paths of
+          check: bool, bulk: bool) -> tuple[dict[str, str], set[str], tuple[threading.Thread, ...]]:
+    """Run all segments (``bulk``: stored around the page cache), counting each into ``progress``
+    and the TargetProgress of each target in ``owners[path]``; returns {dataset path: error message} for files that failed, the paths of
     those that failed because the file changed in the UFS (ESTALE), and the segment threads
     abandoned after a cancel (still running)."""
     source, bs = client.source, client.block_size
@@ -297,7 +309,7 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
             return
         try:
             if entry.path not in errors:
-                source.fill(entry, first, last, check, bulk=True)
+                source.fill(entry, first, last, check, bulk)
         except Exception as err:  # the file's failure, never the thread's: the load goes on
             errors.setdefault(entry.path, _reason(err))
             if isinstance(err, StaleFileError):

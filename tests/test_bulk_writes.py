@@ -1,7 +1,7 @@
-"""A warmup's load is written around the page cache (O_DIRECT, as the kernel's cachefiles writes
-its cache): it neither evicts what readers use nor pays for filling pages nobody reads yet. A
-reader's fill, read again soon, still goes through the page cache; a file system that refuses
-O_DIRECT takes the same bytes buffered. Residency is what util-linux's ``fincore`` reports."""
+"""A warmup larger than the page cache could keep is written around it (O_DIRECT, as the kernel's
+cachefiles writes its cache): it neither evicts what readers use nor pays for filling pages
+nobody reads yet. A smaller warmup and a reader's fill, read again soon, go through the page
+cache; a file system that refuses O_DIRECT takes the same bytes buffered. Residency is what util-linux's ``fincore`` reports."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from datacache.cache.disk import DiskTier
 from datacache.cache.extents import DIRECT_ALIGN, write_range
+from datacache.warmup import warmup
 from support import apply_dataset
 
 MiB = 1 << 20
@@ -83,31 +84,36 @@ def test_a_file_system_that_refuses_o_direct_takes_bulk_puts_buffered(ramfs, cap
         tier.close()
 
 
-def test_a_warmup_stores_around_the_page_cache_and_a_reader_through_it(datacache_home, tmp_path):
+def test_a_load_larger_than_ram_goes_around_the_page_cache_a_smaller_one_and_readers_through_it(
+        datacache_home, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    files = {"warm.bin": os.urandom(9 * MiB + 123), "read.bin": os.urandom(5 * MiB)}
+    files = {"bulk.bin": os.urandom(9 * MiB + 123), "small.bin": os.urandom(6 * MiB + 5), "read.bin": os.urandom(5 * MiB)}
     for name, data in files.items():
         (src / name).write_bytes(data)
     plane = apply_dataset(datacache_home, "bulk", [{"name": "local", "mountPoint": str(src)}])
-    _, result = plane.warmup("bulk", ["warm.bin"])
-    assert result.ok and result.loaded_bytes == len(files["warm.bin"])
     client = plane.open_dataset("bulk")
     try:
+        # bulk_over=0 stands for a load larger than half the RAM (the default's threshold)
+        result = warmup(client, ["bulk.bin"], bulk_over=0)
+        assert result.ok and result.loaded_bytes == len(files["bulk.bin"])
+        result = warmup(client, ["small.bin"])  # 6 MiB: far below half of any machine's RAM
+        assert result.ok and result.loaded_bytes == len(files["small.bin"])
         disk = client.source.store.levels[-1]
 
         def cache_file(name: str) -> str:
             return disk.block_file(str(client.source.key(client.stat(name), 0)))
 
-        warmed = cache_file("warm.bin")
-        assert resident(warmed) <= DIRECT_ALIGN  # only the last block's unaligned tail page
+        assert resident(cache_file("bulk.bin")) <= DIRECT_ALIGN  # only the last block's unaligned tail page
+        assert resident(cache_file("small.bin")) >= len(files["small.bin"])  # whole pages
         with client.open("read.bin") as f:
             assert _sha(f.read()) == _sha(files["read.bin"])  # a miss: filled by the reader
-        assert resident(cache_file("read.bin")) == len(files["read.bin"])
+        assert resident(cache_file("read.bin")) >= len(files["read.bin"])
         before = client.source.ufs_bytes
-        with client.open("warm.bin") as f:
-            assert _sha(f.read()) == _sha(files["warm.bin"])
-        assert client.source.ufs_bytes == before  # served from the cache file, not the UFS
+        for name in ("bulk.bin", "small.bin"):
+            with client.open(name) as f:
+                assert _sha(f.read()) == _sha(files[name])
+        assert client.source.ufs_bytes == before  # served from the cache files, not the UFS
     finally:
         client.close()
         plane.close()
