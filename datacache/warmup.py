@@ -116,7 +116,8 @@ class Progress:
 
 def warmup(client, targets: list[str | tuple[str, list[str]]] | None = None, *, parallel: int = 16, segment_bytes: int = 32 << 20,
            on_progress: Callable[[Progress], None] | None = None,
-           cancel: threading.Event | None = None, check: bool = False, bulk_over: int | None = None) -> WarmupResult:
+           cancel: threading.Event | None = None, check: bool = False,
+           bulk_over: int | None = None) -> WarmupResult:
     """Load ``targets`` (default: the whole dataset) of ``client`` (a DatasetClient) into its cache.
     A target is a dataset path (file, directory, glob) or ``(label, [file path, ...])``, a list
     loaded in its order (a recorded trace).
@@ -285,8 +286,9 @@ def _segments(entry: FileEntry, block_size: int, segment_bytes: int):
 def _load(client, entries, owners, parallel, segment_bytes, progress, on_progress, cancel,
           check: bool, bulk: bool) -> tuple[dict[str, str], set[str], tuple[threading.Thread, ...]]:
     """Run all segments (``bulk``: stored around the page cache), counting each into ``progress``
-    and the TargetProgress of each target in ``owners[path]``; returns {dataset path: error message} for files that failed, the paths of
-    those that failed because the file changed in the UFS (ESTALE), and the segment threads
+    and the TargetProgress of each target in ``owners[path]``; returns {dataset path: error
+    message} for files that failed, the paths of those that failed because the file changed in
+    the UFS (ESTALE), and the segment threads
     abandoned after a cancel (still running)."""
     source, bs = client.source, client.block_size
     # Few large files would otherwise be a few long GETs on a few connections: cut segments so the

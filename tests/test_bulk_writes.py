@@ -1,7 +1,8 @@
 """A warmup larger than the page cache could keep is written around it (O_DIRECT, as the kernel's
 cachefiles writes its cache): it neither evicts what readers use nor pays for filling pages
 nobody reads yet. A smaller warmup and a reader's fill, read again soon, go through the page
-cache; a file system that refuses O_DIRECT takes the same bytes buffered. Residency is what util-linux's ``fincore`` reports."""
+cache; a file system that refuses O_DIRECT takes the same bytes buffered. Residency is what
+util-linux's ``fincore`` reports."""
 
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def test_a_load_larger_than_ram_goes_around_the_page_cache_a_smaller_one_and_rea
         datacache_home, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    files = {"bulk.bin": os.urandom(9 * MiB + 123), "small.bin": os.urandom(6 * MiB + 5), "read.bin": os.urandom(5 * MiB)}
+    files = {"bulk.bin": os.urandom(9 * MiB + 123), "small.bin": os.urandom(6 * MiB + 5),
+             "read.bin": os.urandom(5 * MiB)}
     for name, data in files.items():
         (src / name).write_bytes(data)
     plane = apply_dataset(datacache_home, "bulk", [{"name": "local", "mountPoint": str(src)}])

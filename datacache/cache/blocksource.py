@@ -59,8 +59,8 @@ class BlockSource(Protocol):
         (0 when all were). A block counts as cached when its file is there at its size; with
         ``check`` only when its bytes also pass their checksum (missing or damaged blocks are
         loaded again). ``bulk``: a warmup's load, written around the page cache (``O_DIRECT``)
-        where the cache's file system allows; a fill that a reader follows soon passes False. Raises the UFS's error, or ``OSError(ENOSPC)`` when the cache cannot keep
-        a block."""
+        where the cache's file system allows; a fill that a reader follows soon passes False.
+        Raises the UFS's error, or ``OSError(ENOSPC)`` when the cache cannot keep a block."""
 
     def verify(self, entry: FileEntry) -> list[tuple[int, bool]]:
         """The scrub (``datacache verify``): every stored copy of the version's blocks is read and

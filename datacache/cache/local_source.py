@@ -110,9 +110,10 @@ class LocalBlockSource:
         span. A block counts as cached when its file is there at its size, or with ``check`` when
         its bytes pass their checksum (each is read; ``juicefs warmup --check``); a missing or
         damaged one is loaded again. ``bulk``: a warmup's load, stored around the page cache
-        (see :meth:`TieredStore.put`); a plan's fill, read soon, is not. Returns the bytes newly stored; raises the UFS's error,
-        ``OSError(ENOSPC)`` when the store cannot keep a block, or ``OSError(EBUSY)`` when the
-        bytes cannot be proven one version (another process has the local file open for writing).
+        (see :meth:`TieredStore.put`); a plan's fill, read soon, is not. Returns the bytes newly
+        stored; raises the UFS's error, ``OSError(ENOSPC)`` when the store cannot keep a block, or
+        ``OSError(EBUSY)`` when the bytes cannot be proven one version (another process has the
+        local file open for writing).
         Holds ``FILL_COPIES`` times the span's bytes against the memory budget while it runs."""
         fid = self.key(entry, first).file_id  # one hash per call, not one per block and look-up
         keys = {i: str(BlockKey(self.dataset, fid, i)) for i in range(first, last + 1)}

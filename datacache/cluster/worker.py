@@ -334,7 +334,8 @@ class Worker:
     async def _fill_file(self, entry, indexes: list[int], check: bool = False, bulk: bool = False) -> dict:
         """Copy what peers hold of blocks ``indexes``, fill contiguous runs of the rest concurrently
         from the UFS (``check``: blocks held here are verified by checksum first; ``bulk``: written
-        around the page cache; see :meth:`LocalBlockSource.fill`); ``{"stored": bytes, "ufs": bytes}`` or the first error."""
+        around the page cache; see :meth:`LocalBlockSource.fill`); ``{"stored": bytes, "ufs": bytes}``
+        or the first error."""
         copied = 0
         if self.peers is not None:
             keys = [str(self.source.key(entry, i)) for i in indexes]

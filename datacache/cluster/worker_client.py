@@ -199,9 +199,9 @@ class WorkerClient:
     async def fill(self, url: str, where: str, entry: FileEntry, indexes: list[int],
                    check: bool = False, bulk: bool = False) -> tuple[int, int]:
         """Have the worker cache blocks ``indexes`` of ``entry`` (with ``check``, verifying the
-        checksums of those it holds; with ``bulk``, writing around its page cache); returns ``(bytes it stored, of which read from the UFS)``
-        (the rest it copied from peers). Raises the UFS's error type (or ENOSPC) when the worker
-        could not."""
+        checksums of those it holds; with ``bulk``, writing around its page cache); returns
+        ``(bytes it stored, of which read from the UFS)`` (the rest it copied from peers). Raises
+        the UFS's error type (or ENOSPC) when the worker could not."""
         files = [{**wire.entry_fields(entry), "blocks": indexes}]
         request = {"dataset": self.dataset, "block_size": self.block_size, "files": files}
         if check:

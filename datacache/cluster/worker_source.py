@@ -114,8 +114,9 @@ class ClusterBlockSource:
     def fill(self, entry: FileEntry, first: int, last: int, check: bool = False, bulk: bool = False) -> int:
         """Warmup: have the owners cache blocks ``first..last``; returns the bytes newly stored.
         With ``check`` the workers verify the checksums of the blocks they hold, with ``bulk``
-        they write around their page cache (see :meth:`LocalBlockSource.fill`). Raises the UFS's error, ``OSError(ENOSPC)`` from a full
-        worker, or ``OSError(EHOSTDOWN)`` when no live worker is left to hold a block."""
+        they write around their page cache (see :meth:`LocalBlockSource.fill`). Raises the UFS's
+        error, ``OSError(ENOSPC)`` from a full worker, or ``OSError(EHOSTDOWN)`` when no live
+        worker is left to hold a block."""
         done, unplaced = self._scatter(entry, range(first, last + 1),
                                        lambda m, idx: self._client.fill(m.url, m.worker_id, entry, idx, check, bulk))
         self._forget(entry)
