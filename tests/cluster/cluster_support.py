@@ -3,6 +3,7 @@ cleaning up every process a test started."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -154,14 +155,16 @@ def reap(home) -> list[int]:
     """Stop every runtime under ``home`` and SIGKILL any process left; returns the leftovers."""
     home = str(home)
     for pid in processes_of(home):  # a test may have paused some (SIGSTOP)
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # it may exit between listing and signal
+            os.kill(pid, signal.SIGCONT)
     runtimes = os.path.join(home, "runtimes")
     for ns in os.listdir(runtimes) if os.path.isdir(runtimes) else []:
         for name in os.listdir(os.path.join(runtimes, ns)):
             supervisor.stop(home, ns, name, timeout=15.0)  # a loaded machine exits slowly
     leftovers = processes_of(home)
     for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     return leftovers
 
 

@@ -77,7 +77,8 @@ class SSHServer:
         if self.proc is not None and self.proc.poll() is None:
             sessions = _children(self.proc.pid)
             for pid in sessions:
-                os.kill(pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):  # a session may end between listing and kill
+                    os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 5
             while set(sessions) & set(_children(self.proc.pid)) and time.monotonic() < deadline:
                 time.sleep(0.05)  # the listener reaps them
