@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -242,15 +243,17 @@ def run(args: argparse.Namespace, log) -> Report:
 
 def dlio_section(out: str) -> list[str]:
     """RESULTS.md's lines on the last ``python -m benchmarks.dlio --out OUT`` run (``DLIO.md`` and
-    ``DLIO.png`` in ``out``), dated by the file; [] when there is none."""
+    ``DLIO.png`` in ``out``), dated by the start time its table states (a file's mtime is the time
+    of a clone, not of the run); [] when there is none."""
     path = os.path.join(out, "DLIO.md")
     if not os.path.exists(path):
         return []
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(path)))
     with open(path) as f:
         table = f.read().strip()
+    started = re.search(r"started (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", table)
+    when = f", started {started.group(1)}" if started else ""
     return ["## MLPerf Storage's DLIO through each system", "",
-            f"From its own run (`python -m benchmarks.dlio --out {os.path.relpath(out)}`, finished {when}), not "
+            f"From its own run (`python -m benchmarks.dlio --out {os.path.relpath(out)}`{when}), not "
             "this one; see `benchmarks/dlio.py` for the scaling. MLPerf's closed rules need a dataset of at least 5x "
             "the host's RAM and real accelerators; one 2-CPU machine gives neither, so the data fits in RAM and in "
             "every cache.", "", table, "", "![DLIO chart](DLIO.png)", ""]

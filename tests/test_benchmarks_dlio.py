@@ -42,8 +42,10 @@ def test_results_md_embeds_the_last_dlio_run(tmp_path):
     from benchmarks.__main__ import dlio_section
 
     assert dlio_section(str(tmp_path)) == []  # no DLIO run: no section
-    (tmp_path / "DLIO.md").write_text("DLIO 56 files x 8 MiB\n\n| system | AU |\n|---|---|\n| local | 91.0% |\n")
-    os.utime(tmp_path / "DLIO.md", (0, 86400))
+    (tmp_path / "DLIO.md").write_text("DLIO 56 files x 8 MiB, started 2026-01-02 03:04 UTC, load 0.1\n\n"
+                                      "| system | AU |\n|---|---|\n| local | 91.0% |\n")
+    os.utime(tmp_path / "DLIO.md", (0, 86400))  # a clone's mtime: not the run's date
     text = "\n".join(dlio_section(str(tmp_path)))
-    assert "finished 1970-01-02 00:00 UTC" in text
+    assert "`python -m benchmarks.dlio --out " in text and ", started 2026-01-02 03:04 UTC), not this one" in text
+    assert "1970" not in text
     assert "| local | 91.0% |" in text and "![DLIO chart](DLIO.png)" in text
