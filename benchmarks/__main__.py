@@ -211,7 +211,9 @@ def run(args: argparse.Namespace, log) -> Report:
         "",
         "Ratios, per source: each system's rate / the local copy's from that source (the limit), and / the best "
         "peer's (rclone, s3fs-fuse, fsspec's caches, JuiceFS CE). Warmup: the local copy is what the delayed source "
-        "delivers with parallel GETs (S3: one GET per object; HTTP: 8 MiB ranged GETs, 16 in flight); peers "
+        "delivers with parallel GETs (S3: one GET per object; HTTP: 8 MiB ranged GETs, 16 in flight), timed "
+        "after the epochs as every system's warmup is (this VM charges a fault per page for memory it handed back "
+        "to its host, so the point in the run matters); peers "
         "read every file once; datacache runs `datacache warmup`, JuiceFS `juicefs warmup`. Shard and Parquet reads "
         "follow the warmup; the cold epoch starts from an empty cache (page cache dropped), the warm epoch is the "
         "next one.",

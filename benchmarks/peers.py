@@ -11,9 +11,10 @@ the reference checksums every other system is checked against), starting from an
 - **warm epoch**: the next epochs (``repeat``, each with another shuffle, the same worker
   processes); the median is kept;
 - **warmup**: bring the large objects (the shard and the Parquet files) into the cache, MB/s (see
-  ``benchmarks.systems``: parallel GETs for the local copy, the warmup engine for
-  datacache, one read of every file with the reader pool for the peers). The JPEG tree's first
-  copy is the cold epoch;
+  ``benchmarks.systems``: parallel GETs for the local copy, a second copy into a scratch
+  directory at this point, the warmup engine for datacache, one read of every file with the
+  reader pool for the peers), after the epochs for every system. The JPEG tree's first copy is
+  the cold epoch;
 - **shard**: sequential read of the WebDataset shard(s), one stream, 1 MiB reads, MB/s (the
   median of ``repeat`` passes: the first is served by the system's cache, later ones may be by
   the kernel's page cache, as a second epoch would be);
@@ -295,9 +296,7 @@ class PeerBench:
         opener = system.begin()
         large = [p for p in self.paths("s3/") if not p.startswith("s3/imagenet/")]
         if system.role == "local":
-            self._step(WORKLOAD_TITLES["warmup"])
-            system.warmup(None, [Task("stream", p, None) for p in self.paths("s3/imagenet/")])  # untimed
-            self._record(out, "warmup", system.warmup(None, [Task("stream", p, None) for p in large]))
+            system.fill([Task("stream", p, None) for p in self.paths("s3/")])
             self.make_reference(opener.prefix)
         jpegs = self.tasks("s3/imagenet/", "whole")
         self._step("set-up")
@@ -309,9 +308,8 @@ class PeerBench:
             self._record(out, "cold", pool.run(jpegs, seed=1))
             self._step(WORKLOAD_TITLES["warm"])
             self._record(out, "warm", *(pool.run(jpegs, seed=2 + k) for k in range(self.repeat)))
-            if system.role != "local":
-                self._step(WORKLOAD_TITLES["warmup"])
-                self._record(out, "warmup", system.warmup(pool, [Task("stream", p, self.checksums[p]) for p in large]))
+            self._step(WORKLOAD_TITLES["warmup"])
+            self._record(out, "warmup", system.warmup(pool, [Task("stream", p, self.checksums[p]) for p in large]))
             self._step(WORKLOAD_TITLES["shard"])
             self._record(out, "shard", *(pool.run(self.tasks("s3/shards/", "stream")) for _ in range(self.repeat)))
             self._step(WORKLOAD_TITLES["parquet"])
