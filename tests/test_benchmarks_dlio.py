@@ -24,13 +24,14 @@ def test_compute_time_keeps_h100_bytes_per_second_of_compute():
     assert dlio.compute_time(args) == 0.0185  # 0.323 s x 8 MiB / 146.6 MB
     assert dlio.compute_time(dlio.parse_args(["--record-mib", "140"])) == pytest.approx(0.323, abs=0.01)
     assert dlio.compute_time(dlio.parse_args(["--computation-time", "0.05"])) == 0.05
-    assert args.systems == ("local", "datacache", "juicefs", "rclone") and args.files == 56
+    assert args.systems == ("local", "datacache", "juicefs", "rclone") and args.files == 56 and args.repeat == 3
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--systems", "datacache,local"], "--systems: datacache,local: known local,datacache,juicefs,rclone, the local copy first"),
     (["--systems", "local,nfs"], "--systems: local,nfs"),
-    (["--files", "0"], "--files, --record-mib, --epochs and --read-threads must be >= 1"),
+    (["--files", "0"], "--files, --record-mib, --epochs, --read-threads and --repeat must be >= 1"),
+    (["--repeat", "0"], "--files, --record-mib, --epochs, --read-threads and --repeat must be >= 1"),
 ])
 def test_bad_arguments_name_the_option(argv, message, capsys):
     with pytest.raises(SystemExit):
