@@ -11,22 +11,23 @@ from datacache.control.supervisor import wait_until
 from datacache.control.embedded import Embedded
 
 
-def dataset_yaml(name: str, mounts: list[dict], levels: list[dict], block_size: str = "4Mi") -> str:
-    """Dataset + CacheRuntime documents (JSON is valid YAML)."""
+def dataset_yaml(name: str, mounts: list[dict], levels: list[dict], block_size: str = "4Mi",
+                 fuse: dict | None = None) -> str:
+    """Dataset + CacheRuntime documents (JSON is valid YAML); ``fuse``: the runtime's ``spec.fuse``."""
     ds = {"apiVersion": "datacache.io/v1alpha1", "kind": "Dataset", "metadata": {"name": name},
           "spec": {"mounts": mounts}}
     rt = {"apiVersion": "datacache.io/v1alpha1", "kind": "CacheRuntime", "metadata": {"name": name},
-          "spec": {"blockSize": block_size, "tieredstore": {"levels": levels}}}
+          "spec": {"blockSize": block_size, "tieredstore": {"levels": levels}, **({"fuse": fuse} if fuse else {})}}
     return json.dumps(ds) + "\n---\n" + json.dumps(rt) + "\n"
 
 
 def apply_dataset(home, name: str, mounts: list[dict], levels: list[dict] | None = None,
-                  block_size: str = "4Mi") -> Embedded:
+                  block_size: str = "4Mi", fuse: dict | None = None) -> Embedded:
     """Write ``NAME.yaml`` beside ``home``, apply it and return the control plane."""
     levels = levels or [{"mediumtype": "SSD", "path": "cache", "quota": "1Gi"}]
     path = os.path.join(os.path.dirname(os.path.abspath(home)), f"{name}.yaml")
     with open(path, "w") as f:
-        f.write(dataset_yaml(name, mounts, levels, block_size))
+        f.write(dataset_yaml(name, mounts, levels, block_size, fuse))
     plane = Embedded(str(home))
     plane.apply(load_resources(path))
     return plane

@@ -26,7 +26,9 @@ def _dataset(tmp_path, home) -> dict[str, bytes]:
             data = os.urandom(5000 + i)
             (tmp_path / "src" / d / f"{i:03d}.jpg").write_bytes(data)
             files[f"{d}/{i:03d}.jpg"] = data
-    apply_dataset(home, "pics", [{"name": "src", "mountPoint": f"local://{tmp_path / 'src'}"}]).close()
+    # scan warmup off: a shuffled read of most of a directory would load the rest (test_scan_warmup.py)
+    apply_dataset(home, "pics", [{"name": "src", "mountPoint": f"local://{tmp_path / 'src'}"}],
+                  fuse={"scanWarmup": False}).close()
     return files
 
 

@@ -574,11 +574,14 @@ class FuseSpec(_Model):
     kernel may cache entries and attributes (seconds; default 7,200, Fluid's ``attr_timeout`` and
     ``entry_timeout`` for its FUSE clients: the mount pushes every change of the manifest to the
     kernel as an invalidation, so the timeout only bounds what a lost one leaves; a short one makes
-    every epoch longer than it look each file up again)."""
+    every epoch longer than it look each file up again). ``scan_warmup``: a cold epoch over a
+    directory tree that fits in half the cache gets the rest of the tree loaded in the background
+    (:mod:`datacache.scan_warmup`); false turns it off."""
 
     options: dict[str, str] = Field(default_factory=dict)
     read_ahead_blocks: Annotated[int, Field(ge=0)] = 4
     attr_timeout: Annotated[float, Field(ge=0)] = 7200.0
+    scan_warmup: bool = True
 
 
 class WorkerSpec(_Model):

@@ -34,6 +34,7 @@ from datacache.dataset_namespace import DatasetNamespace
 from datacache.cluster import membership
 from datacache.errors import ResourceError
 from datacache.file_readahead import FileReadAhead
+from datacache.scan_warmup import ScanWarmup
 from datacache.manifest import Manifest
 from datacache.plan.follow import PlanFollower
 from datacache.stack import layout, refreshed, syncmark
@@ -220,4 +221,7 @@ class ReadPath:
         client.on_read(follower)  # prefetch and evict by a published plan
         # without a plan: prefetch the next files of a scan in name order
         client.on_read(FileReadAhead(client, standby=lambda: bool(follower.cursors)))
+        if runtime.spec.fuse.scan_warmup:  # a cold epoch over a tree: the rest of the tree loaded in parallel
+            client.on_read(ScanWarmup(client, os.path.join(directory, "scan-warmup.lock"),
+                                      standby=lambda: bool(follower.cursors)))
         return client

@@ -149,6 +149,8 @@ def setup_logging(path: str, debug: bool = False, stderr: bool = True) -> None:
         root.addHandler(sh)
     root.setLevel(logging.DEBUG if debug else logging.WARNING)
     logging.getLogger("datacache_fuse").setLevel(logging.DEBUG if debug else logging.INFO)
+    # a warmup nobody asked for by name says when it starts and ends (datacache.scan_warmup)
+    logging.getLogger("datacache.scan_warmup").setLevel(logging.DEBUG if debug else logging.INFO)
 
 
 def choose_read_mode(client) -> tuple[bool, str]:

@@ -149,7 +149,8 @@ def build_env(base: str, moto, bucket: str) -> "FuseEnv":
         os.makedirs(os.path.dirname(p), exist_ok=True)
         with open(p, "wb") as f:
             f.write(rng.bytes(n))
-    apply_dataset(home, DATASET, moto.endpoint_url, bucket, local)
+    # scan warmup off: the shared mount's tests read what is cold and what is not file by file
+    apply_dataset(home, DATASET, moto.endpoint_url, bucket, local, fuse={"scanWarmup": False})
     return FuseEnv(home, DATASET, local, objects)
 
 
