@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from benchmarks.common import DemoEnvironment
 from benchmarks.fuse_read import Mounts
 from benchmarks.juicefs import juicefs_binary
-from benchmarks.peers import Outcome, PeerBench
+from benchmarks.peers import SETTLE_S, Outcome, PeerBench
 from benchmarks.report import chart, markdown_table, memory_rows, ratio_rows
 from benchmarks.systems import SOURCES, SYSTEMS, make_systems
 from datacache.demo.s3server import RANGES
@@ -76,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--s3-server", choices=RANGES, default="stored",
                     help="how moto serves a ranged GET: stored (only the range is read, as S3 does; default) "
                          "or moto (stock: the whole object for every ranged GET)")
+    ap.add_argument("--settle", type=float, default=SETTLE_S, metavar="SECONDS",
+                    help="seconds between dropping the page cache and each system's warmup, so that every "
+                         "warmup starts with its free memory handed back to a VM's host (see benchmarks/peers.py; "
+                         f"default {SETTLE_S:g})")
     ap.add_argument("--keep", action="store_true", help="keep the working directory (data, caches)")
     ap.add_argument("--quiet", action="store_true", help="print only the tables")
     args = ap.parse_args(argv)
@@ -166,7 +170,7 @@ def run(args: argparse.Namespace, log) -> Report:
         try:
             for source in args.sources:
                 bench = PeerBench(env, make_systems(env, mounts, args.systems, source), mounts, args.workers,
-                                  args.parquet_reads, log, args.repeat, args.system_timeout)
+                                  args.parquet_reads, log, args.repeat, args.system_timeout, args.settle)
                 outcomes += bench.run()
         finally:
             for problem in mounts.cleanup():
@@ -212,8 +216,9 @@ def run(args: argparse.Namespace, log) -> Report:
         "Ratios, per source: each system's rate / the local copy's from that source (the limit), and / the best "
         "peer's (rclone, s3fs-fuse, fsspec's caches, JuiceFS CE). Warmup: the local copy is what the delayed source "
         "delivers with parallel GETs (S3: one GET per object; HTTP: 8 MiB ranged GETs, 16 in flight), timed "
-        "after the epochs as every system's warmup is (this VM charges a fault per page for memory it handed back "
-        "to its host, so the point in the run matters); peers "
+        "after the epochs as every system's warmup is, each after the page cache is dropped and "
+        f"{args.settle:g} s pass (this VM hands freed memory back to its host within seconds and then charges a "
+        "fault per page written: the same copy ran 750, 414 and 280 MB/s 0, 6 and 12 s after a drop); peers "
         "read every file once; datacache runs `datacache warmup`, JuiceFS `juicefs warmup`. Shard and Parquet reads "
         "follow the warmup; the cold epoch starts from an empty cache (page cache dropped), the warm epoch is the "
         "next one.",

@@ -13,8 +13,14 @@ the reference checksums every other system is checked against), starting from an
 - **warmup**: bring the large objects (the shard and the Parquet files) into the cache, MB/s (see
   ``benchmarks.systems``: parallel GETs for the local copy, a second copy into a scratch
   directory at this point, the warmup engine for datacache, one read of every file with the
-  reader pool for the peers), after the epochs for every system. The JPEG tree's first copy is
-  the cold epoch;
+  reader pool for the peers), after the epochs for every system, each after the page cache is
+  dropped and ``settle`` seconds pass. Why: a VM with free page reporting (virtio-balloon, as
+  here) hands freed memory back to its host about 2 s after it is freed, and a later write to it
+  costs a fault per page (~3 ms a MB); a warmup started right after the previous steps freed
+  memory wrote into pages not yet handed back. Measured (one run, the HTTP source's local copy
+  after a drop): 750 MB/s at once, 414 after 6 s, 280 after 12 s; datacache's warmup, which
+  starts in a process of its own a second later, ran 297-444 MB/s either way. The JPEG tree's
+  first copy is the cold epoch;
 - **shard**: sequential read of the WebDataset shard(s), one stream, 1 MiB reads, MB/s (the
   median of ``repeat`` passes: the first is served by the system's cache, later ones may be by
   the kernel's page cache, as a second epoch would be);
@@ -128,6 +134,7 @@ class _Aborted(Exception):
     """Raised in a system's thread at its next step once the main thread gave up on it."""
 
 
+SETTLE_S = 15.0  # seconds from the page cache drop to a warmup: freed memory handed back first (module doc)
 ABORT_GRACE = 60.0  # seconds the main thread waits for a timed-out system's thread to unwind
 
 
@@ -137,14 +144,15 @@ class PeerBench:
     mounts are recorded, cleaned up by the caller; ``time_limit``: seconds per step (0: none)."""
 
     def __init__(self, env: DemoEnvironment, systems: list[System], mounts: Mounts, workers: int,
-                 parquet_reads: int, log: Callable[[str], None], repeat: int = 3, time_limit: float = 0.0):
+                 parquet_reads: int, log: Callable[[str], None], repeat: int = 3, time_limit: float = 0.0,
+                 settle: float = 0.0):
         if not systems or systems[0].role != "local":
             raise ValueError("the local copy must be the first system (it gives the reference checksums)")
         if time_limit < 0:
             raise ValueError("time_limit must be >= 0 seconds (0: none)")
         self.env, self.systems, self.mounts = env, systems, mounts
         self.workers, self.parquet_reads, self.log, self.repeat = workers, parquet_reads, log, repeat
-        self.time_limit = time_limit
+        self.time_limit, self.settle = time_limit, settle
         self.outcomes: list[Outcome] = []
         self.checksums: dict[str, int] = {}
         self.rowgroups: list[Task] = []
@@ -289,6 +297,14 @@ class PeerBench:
         self.log(f"    {out.system}: {WORKLOAD_TITLES[key]}: {out.measures[key].rate(unit):,.1f} {unit} "
                  f"({r.nbytes / 1e6:,.1f} MB in {r.seconds:.2f}s)")
 
+    def _settle(self) -> None:
+        """Before a warmup: drop the page cache (when root) and wait ``settle`` seconds, so every
+        system's warmup starts from the same memory state (see the module doc)."""
+        self._step("settle")
+        if self.can_drop:
+            drop_caches()
+        time.sleep(self.settle)
+
     def run_system(self, system: System, out: Outcome) -> None:
         """Every workload of ``system`` into ``out``; each step starts with ``_step`` (the limit)."""
         self.log(f"==> {system.name} ({system.source})")
@@ -308,6 +324,7 @@ class PeerBench:
             self._record(out, "cold", pool.run(jpegs, seed=1))
             self._step(WORKLOAD_TITLES["warm"])
             self._record(out, "warm", *(pool.run(jpegs, seed=2 + k) for k in range(self.repeat)))
+            self._settle()
             self._step(WORKLOAD_TITLES["warmup"])
             self._record(out, "warmup", system.warmup(pool, [Task("stream", p, self.checksums[p]) for p in large]))
             self._step(WORKLOAD_TITLES["shard"])

@@ -149,10 +149,11 @@ class LocalCopy(System):
 
     def warmup(self, pool: ReaderPool | None, tasks: list[Task]) -> Result:
         """The limit's warmup row: the same parallel GETs again, into a scratch directory removed
-        afterwards. Timed where the other systems warm up (after the epochs, the readers up): on this
-        VM, writing memory handed back to the host costs a fault per page (~3 ms/MB), so a copy
-        timed at set-up, right after the previous system freed its caches, made 578 MB/s from HTTP
-        (a full run, 18:15 UTC 2026-12-02) against 330 MB/s at this point (the next run)."""
+        afterwards. Timed where the other systems warm up (after the epochs and the settle step of
+        ``benchmarks.peers``, the readers up): on this VM, writing memory handed back to the host
+        costs a fault per page (~3 ms/MB), so a copy timed at set-up, right after the previous
+        system freed its caches, made 578 MB/s from HTTP (a full run, 18:15 UTC 2026-12-02)
+        against 330 MB/s later in the run."""
         scratch = self.dir("copy-timed")
         try:
             t0 = time.perf_counter()

@@ -251,7 +251,7 @@ def test_proxy_answers_502_when_the_upstream_is_down_and_stops_its_child():
 
 TINY = ["--files", "24", "--shard-mib", "2", "--parquet-files", "1", "--parquet-rows", "2000",
         "--row-group-rows", "500", "--parquet-reads", "8", "--workers", "1", "--latency-ms", "2", "--repeat", "1",
-        "--quiet"]
+        "--settle", "0", "--quiet"]
 
 
 def check_tiny_report(report, source: str, n_systems: int) -> None:

@@ -128,7 +128,7 @@ def test_a_tree_larger_than_half_the_cache_is_not_loaded(tmp_path, datacache_hom
             assert _sha(_read(client, p)) == _sha(files[p])
         scan = _listener(client)
         scan.wait(30)
-        assert scan.started == [] and scan._done == {"train"}
+        assert scan.started == [] and scan._too_large == {"train"} and scan._done == set()
         assert set(_cached(client, train)) <= set(order)
     finally:
         client.close()
@@ -178,3 +178,134 @@ def test_fuse_scan_warmup_false_turns_it_off(tmp_path, datacache_home, setting):
     finally:
         client.close()
         paths.close()
+
+
+def test_a_stray_read_outside_the_tree_does_not_turn_it_off(tmp_path, datacache_home):
+    """The first window holds a root file and 15 of train/: its tree, the root, is larger than half
+    the cache; train/ alone is not, and the next window's reads (all in train/) warm it."""
+    files = _tree(tmp_path)
+    (tmp_path / "src" / "labels.csv").write_bytes(b"k,label\n" * 100)
+    files["labels.csv"] = b"k,label\n" * 100
+    apply_dataset(datacache_home, "pics", [{"name": "src", "mountPoint": f"local://{tmp_path / 'src'}"}],
+                  levels=[{"mediumtype": "SSD", "path": "cache", "quota": "3Mi"}]).close()
+    train = sorted(p for p in files if p.startswith("train/"))
+    total = sum(map(len, files.values()))
+    assert sum(len(files[p]) for p in train) < (3 << 20) // 2 < total
+    paths = read_path(str(datacache_home))
+    client = paths.open_dataset("pics")
+    try:
+        scan = _listener(client)
+        assert _sha(_read(client, "labels.csv")) == _sha(files["labels.csv"])
+        order = random.Random(4).sample(train, len(train))
+        for p in order[:TRIGGER_FILES - 1]:
+            assert _sha(_read(client, p)) == _sha(files[p])
+        scan.wait(30)
+        assert scan.started == [] and scan._too_large == {""}
+        for p in order[TRIGGER_FILES - 1:2 * TRIGGER_FILES - 1]:
+            assert _sha(_read(client, p)) == _sha(files[p])
+        scan.wait(30)
+        assert scan.started == ["train"] and _cached(client, train) == train
+    finally:
+        client.close()
+        paths.close()
+
+
+def test_a_look_at_a_few_files_of_a_large_tree_loads_nothing_until_a_share_of_it_is_read(tmp_path, datacache_home):
+    """16 of 1,200 non-empty files (1.3 % < MIN_FRACTION) are a look, not a scan; the 24th file
+    read makes 2 % and the tree is warmed. Empty files (400 more) are neither counted nor sampled."""
+    from datacache.scan_warmup import MIN_FRACTION
+
+    files = {}
+    (tmp_path / "src" / "tiles").mkdir(parents=True)
+    for k in range(1600):
+        data = os.urandom(500 + k) if k % 4 else b""  # a quarter of the files empty (sidecars)
+        (tmp_path / "src" / "tiles" / f"{k:04d}.bin").write_bytes(data)
+        files[f"tiles/{k:04d}.bin"] = data
+    apply_dataset(datacache_home, "pics", [{"name": "src", "mountPoint": f"local://{tmp_path / 'src'}"}]).close()
+    full = sorted(p for p, d in files.items() if d)
+    needed = int(MIN_FRACTION * len(full) + 0.999)
+    assert TRIGGER_FILES < needed
+    order = random.Random(6).sample(full, len(full))
+    paths = read_path(str(datacache_home))
+    client = paths.open_dataset("pics")
+    try:
+        scan = _listener(client)
+        for p in order[:TRIGGER_FILES]:
+            assert _sha(_read(client, p)) == _sha(files[p])
+        scan.wait(30)
+        assert scan.started == [] and _cached(client, full) == sorted(order[:TRIGGER_FILES])
+        for p in order[TRIGGER_FILES:needed]:
+            assert _sha(_read(client, p)) == _sha(files[p])
+        scan.wait(30)
+        assert scan.started == ["tiles"] and _cached(client, full) == full
+    finally:
+        client.close()
+        paths.close()
+
+
+def test_closing_during_a_stalled_warmup_is_prompt_and_reports_no_damage(tmp_path, datacache_home, monkeypatch,
+                                                                       caplog):
+    """The UFS stalls 4 s a read on the warmup's threads: close() returns within the grace and the
+    wait for abandoned loads (CLOSE_WAIT_S, all together), and their late writes into the closed
+    store report nothing (no tier marked unhealthy)."""
+    import logging
+    import threading
+    import time
+
+    from datacache.scan_warmup import CLOSE_WAIT_S
+    from datacache.ufs.mounts import UnionNamespace
+
+    files = _local(tmp_path, datacache_home)
+    train = sorted(p for p in files if p.startswith("train/"))
+    read = UnionNamespace.read
+
+    def stalling(self, *args, **kwargs):
+        if threading.current_thread().name.startswith("datacache-warmup"):
+            time.sleep(4)
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(UnionNamespace, "read", stalling)
+    caplog.set_level(logging.INFO, logger="datacache")
+    paths = read_path(str(datacache_home))
+    client = paths.open_dataset("pics")
+    scan = _listener(client)
+    for p in random.Random(8).sample(train, TRIGGER_FILES):
+        assert _sha(_read(client, p)) == _sha(files[p])
+    deadline = time.monotonic() + 10
+    while not scan.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scan.started == ["train"]
+    t0 = time.monotonic()
+    client.close()
+    took = time.monotonic() - t0
+    paths.close()
+    time.sleep(4.5)  # the abandoned loads end, against a closed store
+    assert took < CLOSE_WAIT_S + 1.5
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("scan warmup of dataset 'pics' under 'train': cancelled" in r.getMessage() for r in caplog.records)
+
+
+def test_the_scan_lock_is_released_even_when_a_child_forked_while_it_was_held(tmp_path):
+    """A DataLoader worker forked during a warmup shares the lock's open file: the lock is let go
+    explicitly, so another process takes it at once after the warmup, the child still alive."""
+    import time
+
+    from datacache.scan_warmup import _exclusive
+
+    path = str(tmp_path / "scan-warmup.lock")
+    with _exclusive(path) as mine:
+        assert mine
+        child = os.fork()
+        if child == 0:  # the forked worker: lives on past the warmup
+            time.sleep(3)
+            os._exit(0)
+    try:
+        other = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+        finally:
+            os.close(other)
+        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)

@@ -683,6 +683,8 @@ class DiskTier:
                     self.healthy = True
                 return stored
         except (OSError, sqlite3.Error) as err:
+            if self._db is None:  # closed under a put (a load abandoned at shutdown): nothing to report
+                return False
             if _is_full(err):  # still full, or the index could not grow: skip it, stay healthy
                 self.full_bypasses += 1
             else:
