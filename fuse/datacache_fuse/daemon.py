@@ -380,6 +380,8 @@ def serve(dataset: str, mountpoint: str, *, namespace: str = "default", home: st
         if client is not None:
             client.close()
         paths.close()
+        # last: `datacache unmount` waits for it to go, and reports the daemon exited then
+        _remove_state(state_path(home, mountpoint))
 
 
 def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str], home: str, logfile: str, *,
@@ -450,7 +452,6 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
         open_files = ops.open_files
         if not server.stop(timeout=2.0):  # files still open elsewhere: they get ENOTCONN when we exit
             server.session.close()
-        _remove_state(state_file)
         counts = session.counts()
         log.info("%s: session ended (%d files were open); requests: %s; backing files registered: %d; "
                  "opens passed through: %d; held-up requests whose reading turn was handed off: %d", mountpoint,
