@@ -3,8 +3,9 @@
 Runs ``Embedded(HOME).warmup(DATASET, TARGETS)`` (what ``datacache warmup`` runs, with its
 malloc settings, ``procmem.bound_malloc``) in a process of its own and prints one JSON line:
 ``seconds`` (wall, the warmup call only: interpreter start-up and imports are outside it, as a
-copy's are), ``bytes``, ``files``, ``ok``, the first ``failures`` and ``vm_hwm_mib`` (this process's peak RSS, ``VmHWM``: ``ru_maxrss`` would carry
-the parent's peak over ``fork``/``exec``). Exit status 0, or 1 when the warmup did not complete.
+copy's are), ``bytes``, ``files``, ``ok``, the first ``failures`` and ``vm_hwm_mib`` (this
+process's peak RSS, ``VmHWM``: ``ru_maxrss`` would carry the parent's peak over
+``fork``/``exec``). Exit status 0, or 1 when the warmup did not complete.
 """
 
 from __future__ import annotations

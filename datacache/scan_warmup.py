@@ -86,7 +86,7 @@ class ScanWarmup:
         self._recent: OrderedDict[str, float] = OrderedDict()  # path -> when first read, oldest first
         self._done: set[str] = set()  # trees warming, warmed or found warm: reads below them count nothing
         self._too_large: set[str] = set()  # trees larger than the share of the cache: a window on one is dropped
-        self._watch: dict[str, tuple[int, int, set[str]]] = {}  # tree -> (files to read, read, read since)
+        self._watch: dict[str, tuple[int, set[str]]] = {}  # tree -> (files still to read, those read since)
         self._manifest = None
         self._running: threading.Thread | None = None
         self._cancel = threading.Event()
@@ -109,12 +109,12 @@ class ScanWarmup:
                 return
             tree = next((t for t in self._watch if _under(path, (t,))), None)
             if tree is not None:  # a tree known to need more reads first
-                needed, reads, since = self._watch[tree]
+                more, since = self._watch[tree]
                 since.add(path)
-                if reads + len(since) < needed:
+                if len(since) < more:
                     return
                 del self._watch[tree]
-                reads += len(since)
+                reads = math.inf  # read enough now
             else:
                 if path in self._recent:
                     return
@@ -133,7 +133,7 @@ class ScanWarmup:
                                              name="datacache-scan-warmup")
             self._running.start()
 
-    def _run(self, tree: str, manifest, reads: int) -> None:
+    def _run(self, tree: str, manifest, reads: float) -> None:
         label = f"dataset {self.client.name!r} under {tree or '/'!r}"
         try:
             files = [e for e in manifest.select(tree) if e.size]
@@ -145,7 +145,7 @@ class ScanWarmup:
                 return self._verdict(tree, manifest, too_large=True)
             needed = math.ceil(self.min_fraction * len(files))
             if reads < needed:  # a look at a few files, not (yet) a scan
-                return self._verdict(tree, manifest, watch=(needed, reads, set()))
+                return self._verdict(tree, manifest, watch=(needed - reads, set()))
             picked = random.sample(files, min(self.sample, len(files)))
             if sum(not self.client.source.is_cached(e, 0) for e in picked) < self.cold_fraction * len(picked):
                 return  # warm (or nothing to load): stays done
@@ -168,9 +168,9 @@ class ScanWarmup:
             (log.debug if self._cancel.is_set() else log.warning)("scan warmup of %s stopped: %s", label, err)
 
     def _verdict(self, tree: str, manifest, too_large: bool = False,
-                 watch: tuple[int, int, set[str]] | None = None) -> None:
+                 watch: tuple[int, set[str]] | None = None) -> None:
         """``tree`` is not warmed now: reads below it count again, for a later window (its
-        subtrees only, when ``too_large``) or towards ``watch`` (files to read, read, read since)."""
+        subtrees only, when ``too_large``) or towards ``watch`` (files still to read, those read)."""
         with self._lock:
             if manifest is not self._manifest:
                 return

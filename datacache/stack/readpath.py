@@ -34,9 +34,9 @@ from datacache.dataset_namespace import DatasetNamespace
 from datacache.cluster import membership
 from datacache.errors import ResourceError
 from datacache.file_readahead import FileReadAhead
-from datacache.scan_warmup import ScanWarmup
 from datacache.manifest import Manifest
 from datacache.plan.follow import PlanFollower
+from datacache.scan_warmup import ScanWarmup
 from datacache.stack import layout, refreshed, syncmark
 from datacache.stack.engines import engine_for
 from datacache.state import StateStore
