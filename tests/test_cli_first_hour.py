@@ -140,6 +140,20 @@ def test_warmup_of_a_failed_dataset_says_why_before_any_bar(datacache_home, tmp_
         "the UFS: fix the mountPoint or create it\n")
 
 
+@pytest.mark.parametrize("background", [True, False], ids=["background", "foreground"])
+def test_mount_of_a_failed_dataset_says_why_and_creates_nothing(background, datacache_home, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text(dataset_yaml("broken", [{"name": "local", "mountPoint": str(tmp_path / "missing")}], LEVELS))
+    assert dc("apply", "-f", str(path), home=datacache_home).returncode == 1  # its first sync fails: Failed
+    mountpoint = str(tmp_path / "mnt" / "broken")
+    proc = dc("mount", "broken", mountpoint, *(["--background"] if background else []), home=datacache_home)
+    # The daemon used to start, fail in its log, and leave the mount point it had created.
+    assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (1, b"", (
+        f"error: dataset 'broken': spec.mounts[0] ('local'): mountPoint '{tmp_path / 'missing'}' does not exist in "
+        "the UFS: fix the mountPoint or create it\n"))
+    assert not os.path.exists(tmp_path / "mnt") and _processes_naming(mountpoint) == []
+
+
 # 19.12 ------------------------------------------------------------------------------------------
 def test_a_foreground_mount_says_where_it_is_and_how_to_stop_once_it_answers(datacache_home, tmp_path):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fuse"))

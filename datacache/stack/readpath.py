@@ -127,6 +127,19 @@ class ReadPath:
         path = layout.manifest_path(self.home, ds.metadata.namespace, ds.metadata.name)
         return Manifest.load(path) if os.path.exists(path) else None
 
+    def synced_manifest(self, ds) -> Manifest:
+        """The stored manifest of Dataset ``ds``, synced first through the ``sync`` hook when it
+        was never synced. Raises ResourceError when it has none and there is no hook, and what the
+        sync raises (a UFS that cannot be listed)."""
+        manifest = self.load_manifest(ds)
+        if manifest is None:
+            name, namespace = ds.metadata.name, ds.metadata.namespace
+            if self._sync is None:
+                raise ResourceError(f"dataset {namespace}/{name} has no manifest yet: run 'datacache sync {name}'")
+            self._sync(name, namespace)
+            manifest = self.load_manifest(ds)
+        return manifest
+
     def ufs_for(self, ds, runtime=None) -> UnionNamespace:
         """The dataset's mounts opened by its runtime (``runtime``, default the bound one): a
         ThinRuntime's plugin or FUSE directory (started if needed), else the mounts' URLs. Raises
@@ -195,12 +208,7 @@ class ReadPath:
         never synced is synced first through the ``sync`` hook. Raises ResourceError when the
         dataset or its runtime is missing, or it has no manifest and there is no hook. Close it."""
         ds, runtime = self.bound(name, namespace)
-        manifest = self.load_manifest(ds)
-        if manifest is None:
-            if self._sync is None:
-                raise ResourceError(f"dataset {namespace}/{name} has no manifest yet: run 'datacache sync {name}'")
-            self._sync(name, namespace)
-            manifest = self.load_manifest(ds)
+        manifest = self.synced_manifest(ds)
         if not self.engine(runtime).reads_through_datacache:
             raise ResourceError(f"dataset {namespace}/{name} is read through its {runtime.kind}'s own client, "
                                 f"not datacache's cache: mount it (datacache mount {name} DIR)")

@@ -8,6 +8,7 @@ without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import click
@@ -42,9 +43,10 @@ class _UserError(click.ClickException):
 
 
 def _check_dataset(home: str, dataset: str, namespace: str, mountpoint: str, options=()) -> list[str] | None:
-    """Raise ``ResourceError`` (one line, with the fix) unless ``dataset`` exists with a runtime.
-    Returns the command of the runtime's own mount client (a JuiceFSRuntime's ``juicefs mount``),
-    or None when datacache's FUSE daemon serves it."""
+    """Raise ``ResourceError`` (one line, with the fix) unless ``dataset`` exists with a runtime,
+    and what its first sync raises when it was never synced (it is synced here, before anything
+    is started or created). Returns the command of the runtime's own mount client (a
+    JuiceFSRuntime's ``juicefs mount``), or None when datacache's FUSE daemon serves it."""
     from datacache.control.embedded import read_path
     from datacache.errors import ResourceError
 
@@ -56,7 +58,10 @@ def _check_dataset(home: str, dataset: str, namespace: str, mountpoint: str, opt
             raise ResourceError(f"dataset {namespace}/{dataset} has no CacheRuntime: apply a CacheRuntime "
                                 f"(or ThinRuntime, JuiceFSRuntime) named {dataset!r} in namespace {namespace!r} to "
                                 f"mount it")
-        return paths.engine(runtime).mount_argv(ds, mountpoint, options)
+        engine = paths.engine(runtime)
+        if engine.reads_through_datacache:
+            paths.synced_manifest(ds)
+        return engine.mount_argv(ds, mountpoint, options)
     finally:
         paths.close()
 
@@ -116,14 +121,21 @@ def mount(dataset, mountpoint, namespace, background, restart, home, options, de
             state = mountinfo.probe(mountpoint)
             if state is MountState.LIVE:
                 raise MountError(f"{mountpoint} is already mounted: run 'datacache unmount {mountpoint}' first")
+            created = False
             if state is MountState.NONE:  # here too: the daemon's refusals would only reach its log
-                make_mountpoint(mountpoint)
+                created = make_mountpoint(mountpoint)
                 if not allow_nonempty:
                     check_empty(mountpoint)
             argv = daemon_argv(dataset, mountpoint, namespace=namespace, home=home, options=options,
                                debug=debug, restart=restart, allow_nonempty=allow_nonempty,
                                read_mode=read_mode, record=record)
-            pid = start_background(argv, mountpoint, logfile, timeout)
+            try:
+                pid = start_background(argv, mountpoint, logfile, timeout)
+            except MountError:
+                if created:  # nothing left behind by a mount that did not happen
+                    with contextlib.suppress(OSError):
+                        os.rmdir(mountpoint)
+                raise
             what = "supervisor" if restart else "daemon"
             click.echo(f"mounted {namespace}/{dataset} at {mountpoint} ({what} pid {pid}, log {logfile})")
             state = read_state(home, mountpoint)

@@ -260,9 +260,9 @@ def prepare_mountpoint(mountpoint: str, probe_timeout: float = 5.0, allow_nonemp
         check_empty(mountpoint)
 
 
-def make_mountpoint(mountpoint: str) -> None:
-    """Create ``mountpoint`` (with its parents) unless it is a directory already.
-    Raises :class:`MountError` in one line naming the path in the way and the fix: a path under
+def make_mountpoint(mountpoint: str) -> bool:
+    """Create ``mountpoint`` (with its parents) unless it is a directory already; True when it
+    was created. Raises :class:`MountError` in one line naming the path in the way and the fix: a path under
     a regular file, a directory that cannot be made (``/proc``, read-only, no permission)."""
     existed = os.path.isdir(mountpoint)
     try:
@@ -282,6 +282,7 @@ def make_mountpoint(mountpoint: str) -> None:
                          "under a directory you can write to (e.g. /mnt/NAME), or create it first") from None
     if not os.path.isdir(mountpoint):
         raise MountError(f"{mountpoint} is not a directory")
+    return not existed
 
 
 class _IdleTrim:
