@@ -62,6 +62,12 @@ class UFSUnavailableError(OSError):
         super().__init__(errno.EIO, f"UFS read failed and the block is not cached: {detail}", path)
 
 
+def error_lines(text: str) -> str:
+    """``text`` as the CLI prints a failure: ``error: `` before each of its lines (a resource file
+    with three mistakes is three ``error:`` lines, not one and two bare ones)."""
+    return "\n".join(f"error: {line}" for line in text.splitlines() or [""])
+
+
 def describe_error(err: BaseException) -> str:
     """One line for an expected error: an ``OSError``'s file and reason, else its text."""
     if isinstance(err, OSError) and err.strerror:

@@ -419,11 +419,12 @@ def test_several_documents_name_the_document(tmp_path):
     good = dataset("  - {name: a, mountPoint: /x}\n")
     bad = good.replace("name: d", "name: e").replace("/x", "ftpx://h")
     assert errors_of(tmp_path, good + "---\n" + bad) == [
-        "dataset.yaml (document 2): spec.mounts[0].mountPoint: unsupported scheme 'ftpx' "
+        "dataset.yaml (document 2, dataset.datacache.io/e): spec.mounts[0].mountPoint: unsupported scheme 'ftpx' "
         "(known: s3, gs, az, http, https, file, memory, sftp, ...)"
     ]
     assert errors_of(tmp_path, good + "---\n" + good) == [
-        "dataset.yaml (document 2): metadata.name: Dataset 'default/d' is already defined in document 1"
+        "dataset.yaml (document 2, dataset.datacache.io/d): metadata.name: Dataset 'default/d' is already defined in "
+        "document 1"
     ]
 
 

@@ -127,6 +127,21 @@ def test_bad_yaml_is_one_located_line_without_traceback(datacache_home, tmp_path
     assert json.loads(dc("get", "datasets", "-o", "json", home=datacache_home).stdout) == {"items": []}
 
 
+def test_each_mistake_of_a_document_is_an_error_line_naming_the_resource(datacache_home, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: datacache.io/v1alpha1\nkind: Dataset\nmetadata: {name: demo}\n"
+                   f"spec:\n  mounts:\n  - {{name: a, mountPoint: '{tmp_path}'}}\n---\n"
+                   "apiVersion: datacache.io/v1alpha1\nkind: CacheRuntime\nmetadata: {name: demo}\nspec:\n"
+                   "  replicas: -1\n  tieredstore:\n    levels:\n    - {mediumtype: SSD, path: /tmp/c, quota: lots}\n")
+    proc = dc("apply", "-f", str(bad), home=datacache_home)
+    where = f"error: {bad} (document 2, cacheruntime.datacache.io/demo): spec."
+    assert (proc.returncode, proc.stdout) == (1, b"")
+    lines = proc.stderr.decode().splitlines()  # the second and third lines had no `error:`
+    assert [line.split(": ", 3)[2] for line in lines] == ["spec.replicas", "spec.tieredstore.levels[0].quota"]
+    assert all(line.startswith(where) for line in lines), lines
+    assert json.loads(dc("get", "datasets", "-o", "json", home=datacache_home).stdout) == {"items": []}
+
+
 def test_secret_values_never_printed(named_dataset, datacache_home, monkeypatch):
     secret = "testing"  # the moto secret, set through DATACACHE_SECRET_MOTO_SECRET
     outputs = [dc(*args, home=datacache_home) for args in (

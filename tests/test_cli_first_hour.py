@@ -254,7 +254,10 @@ def test_warmup_of_an_empty_source_directory_is_complete_with_nothing_to_load(da
     assert lines[1:] == ["  /valid: Complete: 0 files, 0B of 0B cached",
                          "  /train: Complete: 1 file, 4.88KiB of 4.88KiB cached"]
     missing = dc("warmup", "-q", "dlio", "/nothere", home=datacache_home)  # what was never there still fails
-    assert missing.returncode == 1 and "/nothere: no such file, directory or match" in missing.stdout.decode()
+    # nothing selected: only why, on stderr (no empty bar, no summary of nothing)
+    assert (missing.returncode, missing.stdout) == (1, b"")
+    assert missing.stderr.decode().startswith("error: /nothere: no such file, directory or match in dataset 'dlio'")
+    assert len(missing.stderr.decode().splitlines()) == 1
 
 
 def test_cached_files_read_without_the_ufs_credentials(datacache_home, tmp_path, moto_server, s3_bucket):

@@ -90,8 +90,8 @@ def test_apply_of_an_example_with_unfilled_placeholders_stores_nothing_and_says_
     proc = dc("apply", "-f", os.path.join(ROOT, "examples", "demo-dataset.yaml"), home=datacache_home)
     assert proc.returncode == 1 and proc.stdout == b""
     lines = proc.stderr.decode().splitlines()
-    assert lines[1].endswith("(document 1): spec.mounts[1].mountPoint: '${LOCAL_DIR}' holds the unfilled "
-                             "placeholder(s) ${LOCAL_DIR}: replace them with your own values (the comment at the "
+    assert lines[1].endswith("(document 1, dataset.datacache.io/demo): spec.mounts[1].mountPoint: '${LOCAL_DIR}' "
+                             "holds the unfilled placeholder(s) ${LOCAL_DIR}: replace them with your own values (the comment at the "
                              "top of the example file says what each one is)")
     assert "neither a URL" not in proc.stderr.decode()
     proc = dc("apply", "-f", os.path.join(ROOT, "examples", "thin-sftp.yaml"), home=datacache_home)

@@ -3,7 +3,8 @@
 Every mistake in a resource file raises :class:`datacache.errors.ConfigError`, whose message is one
 line per problem: ``dataset.yaml: spec.mounts[1].mountPoint: unsupported scheme 'foo' (known: ...)``.
 Field paths use the YAML (camelCase) names and ``[index]`` for list items; when a file holds several
-documents the line says which (``dataset.yaml (document 2): ...``). Pydantic's errors are translated
+documents the line says which, with the resource's kind and name where the document gives them
+(``dataset.yaml (document 2, cacheruntime.datacache.io/demo): ...``). Pydantic's errors are translated
 here so that a user never sees a traceback-like message or pydantic's help URLs.
 
 A file is checked document by document: the problems of the first wrong document are reported.
@@ -57,7 +58,9 @@ def load_resources(source: str | os.PathLike[str], text: str | None = None) -> l
     resources: list[Any] = []
     seen: dict[tuple[str, str, str], int] = {}
     for index, doc in numbered:
-        doc_label = f"{label} (document {index})" if several else label
+        named = _named(doc)
+        doc_label = (f"{label} (document {index}, {named})" if named else f"{label} (document {index})") \
+            if several else label
         resource = load_resource_dict(doc, doc_label)
         key = (resource.kind, resource.metadata.namespace, resource.metadata.name)
         if key in seen:
@@ -67,6 +70,15 @@ def load_resources(source: str | os.PathLike[str], text: str | None = None) -> l
         seen[key] = index
         resources.append(resource)
     return resources
+
+
+def _named(doc: Any) -> str:
+    """``cacheruntime.datacache.io/NAME`` for a document that says its kind and name (as ``apply``
+    names what it stored, kubectl's form), else ''."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+        return ""
+    name = doc.get("metadata", {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+    return f"{doc['kind'].lower()}.datacache.io/{name}" if isinstance(name, str) and name else ""
 
 
 def load_resource_dict(doc: Any, source: str) -> Any:

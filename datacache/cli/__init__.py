@@ -12,7 +12,7 @@ import sys
 import click
 
 from datacache.cli import cluster, controller_verbs, crd_verbs, data, plans, resources, rundemo
-from datacache.errors import DatacacheError, describe_error
+from datacache.errors import DatacacheError, describe_error, error_lines
 from datacache_fuse.cli import mount, unmount
 
 
@@ -26,12 +26,12 @@ class _Group(click.Group):
         except BrokenPipeError:  # `datacache ls ... | head`: the reader has all it wanted, as for coreutils
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         except (DatacacheError, OSError) as err:
-            click.echo(f"error: {describe_error(err)}", err=True)
+            click.echo(error_lines(describe_error(err)), err=True)
             sys.exit(1)
         except click.UsageError:
             raise  # click's usage text, then its "Error: ..." line, exit 2
         except click.ClickException as err:  # raised by commands (mount, unmount): same form as the rest
-            click.echo(f"error: {err.format_message()}", err=True)
+            click.echo(error_lines(err.format_message()), err=True)
             sys.exit(err.exit_code)
 
 

@@ -57,6 +57,7 @@ def apply(files, home):
     DataMigrate, DataProcess)."""
     from datacache.api.loader import load_resources
     from datacache.control.embedded import ApplyError
+    from datacache.errors import error_lines
 
     plane = control_plane(home)  # first: it registers the URL schemes of stored ThinRuntimeProfiles
     docs = [res for f in files for res in load_resources(f)]  # any invalid document: nothing is stored
@@ -66,7 +67,7 @@ def apply(files, home):
         for line in err.lines:
             click.echo(line)
         for failure in err.failures:
-            click.echo(f"error: {failure}", err=True)
+            click.echo(error_lines(failure), err=True)
         if any(": stored, but failed: " in f for f in err.failures):  # kept, as kubectl keeps them
             click.echo(f"hint: fix {' and '.join(files)} and apply again, or remove what it stored: "
                        f"datacache delete {' '.join(f'-f {f}' for f in files)}", err=True)
@@ -172,7 +173,7 @@ def delete(kind, name, files, force, ignore_not_found, namespace, home):
             click.echo(plane.delete(kind, name, namespace, force=force))
         return
     from datacache.api.loader import load_resources
-    from datacache.errors import DatacacheError, describe_error
+    from datacache.errors import DatacacheError, describe_error, error_lines
 
     plane = control_plane(home)
     failed = False
@@ -188,7 +189,7 @@ def delete(kind, name, files, force, ignore_not_found, namespace, home):
                 line = line.split(" (", 1)[0]  # not "its runtime stays": it goes next
             click.echo(line)
         except (DatacacheError, OSError) as err:  # the others are deleted, each failure is said
-            click.echo(f"error: {describe_error(err)}", err=True)
+            click.echo(error_lines(describe_error(err)), err=True)
             failed = True
     if failed:
         sys.exit(1)

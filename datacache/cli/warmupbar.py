@@ -42,11 +42,12 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
 
     def on_progress(p):
         nonlocal task
-        if task is None:  # the load has started: opening the dataset (a sync, say) went well
+        if task is None and p.files_total:  # the load has started: opening the dataset (a sync, say) went well
             bar.start()
             task = bar.add_task("warmup", total=None, files="0/?", loaded=0)
-        bar.update(task, total=p.bytes_total, completed=p.bytes_done, files=f"{p.files_done}/{p.files_total}",
-                   loaded=p.bytes_loaded)
+        if task is not None:
+            bar.update(task, total=p.bytes_total, completed=p.bytes_done, files=f"{p.files_done}/{p.files_total}",
+                       loaded=p.bytes_loaded)
 
     try:
         with cancel_on_signals() as cancel:
@@ -67,6 +68,10 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
         for failure in (f for t in result.targets for f in t.failures):  # files that failed, not those left
             click.echo(f"    failed: {failure}")
         return cancel.exit_status
+    if not result.total("files") and all(t.failures for t in result.targets):  # nothing selected: only why
+        for failure in (f for t in result.targets for f in t.failures):
+            click.echo(f"error: {failure}", err=True)
+        return 1
     click.echo(f"dataload.datacache.io/{name}: {result.phase} in {result.duration:.1f}s, {loaded}")
     for t in result.targets:
         files = f"{t.files} file{'' if t.files == 1 else 's'}"

@@ -39,7 +39,9 @@ class _UserError(click.ClickException):
     """A user mistake: ``error: ...`` on stderr, exit 1, as every other ``datacache`` command."""
 
     def show(self, file=None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
+        from datacache.errors import error_lines
+
+        click.echo(error_lines(self.format_message()), err=True)
 
 
 def _check_dataset(home: str, dataset: str, namespace: str, mountpoint: str, options=()) -> list[str] | None:

@@ -165,6 +165,9 @@ def unmount(mountpoint: str, home: str | None = None, wait: float = 5.0) -> str:
     mountpoint = mountinfo.canonical(mountpoint)
     top = mountinfo.mounted_at(mountpoint)
     if top is None:
+        if not os.path.lexists(mountpoint):
+            raise MountError(f"{mountpoint} does not exist: give the directory a dataset is mounted at "
+                             "('findmnt -t fuse.datacache' lists them)")
         raise MountError(f"{mountpoint} is not mounted")
     if not top.is_fuse:
         raise MountError(f"{mountpoint} is a {top.fstype} mount, not a FUSE mount: not unmounting it")

@@ -223,7 +223,11 @@ def test_mount_of_unknown_dataset_fails_cleanly(fuse_env, mountpoint):
 
 def test_unmount_of_a_plain_directory_is_an_error(fuse_env, mountpoint):
     r = cli("unmount", mountpoint, home=fuse_env.home)
-    assert r.returncode == 1 and "not mounted" in r.stderr
+    assert r.returncode == 1 and r.stderr == f"error: {mountpoint} is not mounted\n"
+    missing = os.path.join(mountpoint, "nope")  # a typo: named as missing, not as unmounted
+    r = cli("unmount", missing, home=fuse_env.home)
+    assert (r.returncode, r.stderr) == (1, f"error: {missing} does not exist: give the directory a dataset is "
+                                           "mounted at ('findmnt -t fuse.datacache' lists them)\n")
 
 
 def test_eio_only_when_the_ufs_is_down_and_the_block_is_not_cached(fuse_available, tmp_path):
