@@ -86,27 +86,58 @@ def test_a_put_writing_its_bytes_holds_no_lock_and_its_block_is_reserved_but_uns
         tier.close()
 
 
-def test_the_quota_counts_the_blocks_being_written_and_may_evict_them(tmp_path, monkeypatch):
+def test_the_quota_counts_a_block_being_written_and_eviction_leaves_it_alone(tmp_path, monkeypatch):
+    """Its range is not punched under its write (a mapped write would keep the zeros of the pages
+    copied before); the blocks stored around it are evicted instead."""
     path, quota = str(tmp_path / "ssd"), 40 << 20  # high watermark 38 MiB: 9 blocks
     tier = DiskTier(path, quota, high=0.95, low=0.7)
-    held = _HeldWrite(monkeypatch, after=True)
+    held = _HeldWrite(monkeypatch, after=False)
+    data = os.urandom(BLOCK)
     try:
-        thread, result = _put_in_thread(tier, "ds/held/0", os.urandom(BLOCK))
+        thread, result = _put_in_thread(tier, "ds/held/0", data)
         assert held.started.wait(30)
         assert _stored_bytes(path) == BLOCK  # counted from its reservation on
         for i in range(12):
             assert tier.put(f"ds/f{i}/0", os.urandom(BLOCK))
             assert tier.used() <= quota * 0.95
-        # The reserved block was the least recently used: evicted like any other, so its put
-        # stores nothing and its bytes are freed.
+        assert tier.evictions >= 4  # the others made room, oldest first
         held.release()
         thread.join(30)
-        assert result == [False] and tier.get("ds/held/0") is None
+        assert result == [True]
+        assert hashlib.sha256(tier.get("ds/held/0")).digest() == hashlib.sha256(data).digest()
         assert len(_cache_files(path)) == len(list(tier.keys())) == _stored_bytes(path) // BLOCK
-        assert tier.used() <= quota * 0.95
     finally:
         held.release()
         tier.close()
+
+
+def test_a_failed_second_put_of_a_block_leaves_the_first_ones_bytes(tmp_path, monkeypatch):
+    """Two puts of one block write its range at once; one completes, the other's write fails
+    after: the failure drops nothing the first stored (it punched the completed range before)."""
+    path = str(tmp_path / "ssd")
+    tier = DiskTier(path, 64 << 20)
+    data = os.urandom(BLOCK)
+    real = disk_module.write_range
+    calls = []
+
+    def second_put_completes_then_this_write_fails(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 1:  # the first put: another put of the block runs to the end meanwhile
+            assert tier.put("ds/twice/0", data)
+            raise OSError(5, "Input/output error", args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(disk_module, "write_range", second_put_completes_then_this_write_fails)
+    try:
+        assert tier.put("ds/twice/0", data) is False and not tier.healthy  # EIO: the tier stops taking puts
+        assert calls == [0, 0]
+    finally:
+        tier.close()
+    again = DiskTier(path, 64 << 20)
+    try:
+        assert hashlib.sha256(again.get("ds/twice/0")).digest() == hashlib.sha256(data).digest()
+    finally:
+        again.close()
 
 
 def test_a_put_finding_its_block_reserved_by_a_put_that_died_stores_it(tmp_path, monkeypatch):

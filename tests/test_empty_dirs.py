@@ -40,7 +40,8 @@ def test_warmup_of_an_empty_directory_completes_with_0_files(tmp_path, datacache
     assert lines[1:] == ["  /valid: Complete: 0 files, 0B of 0B cached"]
     # A path that is really missing still fails, saying so.
     r = datacache(datacache_home, "warmup", "-q", "dlio", "/nothere")
-    assert r.returncode == 1 and "no such file, directory or match in dataset 'dlio'" in r.stdout
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("error: /nothere: no such file, directory or match in dataset 'dlio'"), r.stderr
 
 
 def test_sync_names_the_symbolic_links_it_skips(tmp_path, datacache_home):

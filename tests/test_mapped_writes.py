@@ -1,14 +1,17 @@
-"""A long buffered block write goes through a shared mapping of its range (``fallocate``, then
-``madvise(MADV_POPULATE_WRITE)`` without the GIL, then a copy): threads filling blocks of one cache
+"""A long buffered block write goes through a shared mapping of its range (``fallocate``, then a
+copy by the kernel, ``process_vm_writev``, without the GIL): threads filling blocks of one cache
 file no longer queue on its inode lock. The bytes, the page cache residency and the holes are the
-same as a ``pwrite``'s; a full device is an ``ENOSPC`` error, never a SIGBUS; a file system
-without ``fallocate`` (ramfs) takes the bytes by ``pwrite``."""
+same as a ``pwrite``'s; a full device is an ``ENOSPC`` error and a file truncated under the copy
+a fallback to ``pwrite``, never a SIGBUS; a file system without ``fallocate`` (ramfs) takes the
+bytes by ``pwrite``."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -94,3 +97,44 @@ def test_a_full_device_is_enospc_not_a_sigbus(small_tmpfs):
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == path
     with open(path, "rb") as f:
         assert _sha(f.read(4 * MiB)) == _sha(first)  # what was stored is intact
+
+
+_TRUNCATED_UNDER_THE_MAPPING = """
+import mmap, os, sys
+from datacache.cache import extents
+path = sys.argv[1]
+with open(path, "wb") as f:
+    f.truncate(2 << 20)
+fd = os.open(path, os.O_RDWR)
+mapped = mmap.mmap(fd, 2 << 20)
+os.truncate(path, 0)  # behind the mapping's back: a store by the CPU there is a SIGBUS
+import ctypes
+anchor = ctypes.c_char.from_buffer(mapped)
+print(extents._copy_into(ctypes.addressof(anchor), memoryview(os.urandom(2 << 20))))
+"""
+
+
+def test_a_copy_into_a_truncated_mapping_fails_without_a_sigbus(tmp_path):
+    child = subprocess.run([sys.executable, "-c", _TRUNCATED_UNDER_THE_MAPPING, str(tmp_path / "f")],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert (child.returncode, child.stdout) == (0, "False\n"), child.stderr  # -7 was SIGBUS
+
+
+def test_a_file_truncated_under_a_mapped_write_still_gets_its_bytes_by_pwrite(tmp_path, monkeypatch):
+    path = str(tmp_path / "f")
+    data = os.urandom(4 * MiB)
+    real = extents._copy_into
+    copies = []
+
+    def truncate_then_copy(address, view):
+        os.truncate(path, 0)  # e.g. a cache file cleared by hand, a process that rebuilt it
+        copies.append(real(address, view))
+        return copies[-1]
+
+    monkeypatch.setattr(extents, "_copy_into", truncate_then_copy)
+    assert write_range(path, 4 * MiB, data, 0o600)
+    assert copies == [False]
+    assert os.path.getsize(path) == 8 * MiB
+    with open(path, "rb") as f:
+        f.seek(4 * MiB)
+        assert _sha(f.read()) == _sha(data)

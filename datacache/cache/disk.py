@@ -695,7 +695,8 @@ class DiskTier:
         """Under the lock: insert block ``index`` of ``file`` as pending (empty checksum), after
         evicting to the low watermark when it would pass the high one, and the file's row when it
         is new. ``(path, offset)`` to write it at; True when the block is stored already; False
-        when it is longer than its file's stride. A block pending already is written again by
+        when it is longer than its file's stride, or would pass the quota with what eviction
+        cannot take (blocks being written). A block pending already is written again by
         this put too (its key names one version's bytes, so both write the same bytes; its first
         put may have been killed, and the block would otherwise stay missing until a later open
         drops the reservation)."""
@@ -706,6 +707,8 @@ class DiskTier:
             return True if digest != _PENDING else (os.path.join(self.files, name), max(index, 0) * stride)
         if self.used() + size > self._high:
             self._evict_to(self._low - size)
+            if self.used() + size > self.quota:  # what is left is blocks being written
+                return False
         known = _first(self._db.execute("SELECT name, stride FROM files WHERE file = ?", (file,)))
         name, stride = known or (uuid.uuid4().hex, max(self.block_size, size))
         if size > stride:
@@ -744,7 +747,8 @@ class DiskTier:
     def _unreserve(self, file: str, index: int, path: str, offset: int, size: int) -> None:
         """Under the lock: drop the pending row of a block whose write failed or was overtaken,
         and free what the write left at ``offset`` of ``path``: the whole file when no row names
-        it any more (it was removed, or only this block was in it), else the block's range."""
+        it any more (it was removed, or only this block was in it), else the block's range,
+        unless another put of the block completed it."""
         name = os.path.basename(path)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
@@ -753,6 +757,10 @@ class DiskTier:
             if not _first(self._db.execute("SELECT 1 FROM blocks WHERE file = ?", (file,))):
                 self._db.execute("DELETE FROM files WHERE file = ? AND name = ?", (file, name))
         named = _first(self._db.execute("SELECT 1 FROM files WHERE name = ?", (name,)))
+        if named and _first(self._db.execute("SELECT 1 FROM blocks b JOIN files f ON f.file = b.file WHERE "
+                                             "b.file = ? AND b.idx = ? AND f.name = ? AND b.digest != ''",
+                                             (file, index, name))):
+            return  # another put of the block completed it meanwhile: those bytes stay
         self._forget_write(path, offset, size, whole=not named)
 
     @staticmethod
@@ -769,9 +777,14 @@ class DiskTier:
     def _eviction_order(self):
         """Eviction candidates, least worth keeping first: ``(file, index, size, exposed)`` of each
         stored block, least recently used first (the access times :meth:`flush_accesses` wrote),
-        or in the order :attr:`rank_victims` gives them. The one place that ranks eviction."""
+        or in the order :attr:`rank_victims` gives them. The one place that ranks eviction. A
+        block being written (pending for less than ``ORPHAN_GRACE_S``) is no candidate: a hole
+        punched into its range while a mapped write copied into it zeroed the pages copied so far,
+        and a second put of the block, reserving it again, was then completed by the first with
+        those zeros. An older reservation is a killed put's: a candidate like any block."""
         cursor = self._db.execute("SELECT b.file, b.idx, b.size, f.exposed FROM blocks b JOIN files f "
-                                  "ON f.file = b.file ORDER BY b.atime")
+                                  "ON f.file = b.file WHERE b.digest != '' OR b.atime < ? ORDER BY b.atime",
+                                  (time.time() - ORPHAN_GRACE_S,))
         try:
             lru = (row for batch in iter(lambda: cursor.fetchmany(256), []) for row in batch)
             yield from lru if self.rank_victims is None else self.rank_victims(lru)
