@@ -110,19 +110,20 @@ class DatasetClient:
         return self._files
 
     def local_file(self, entry: FileEntry) -> int | None:
-        """A read-only file descriptor of ``entry``'s version (of more than one block) as one
-        complete local file, which the caller owns and closes; None when there is none. With the
-        in-process block source, the disk level's own cache file of the version once all its blocks
-        are stored (no copy: :meth:`LocalBlockSource.local_file`). With the runtime's workers (the
-        blocks spread over them), the file tier's copy: a version complete in the cache but not
-        in the file tier is copied there in the background (one copy at a time), so a later open
-        finds it. Reads of that file reach no block source: they count no cache hits."""
-        self.reading(entry)
-        if entry.size <= self.block_size:
-            return None
+        """A read-only file descriptor of ``entry``'s version as one complete local file, which
+        the caller owns and closes; None when there is none. With the in-process block source,
+        the disk level's own cache file of the version once all its blocks are stored (no copy:
+        :meth:`LocalBlockSource.local_file`), whatever its size. With the runtime's workers (the
+        blocks spread over them), the file tier's copy of a version of more than one block: one
+        complete in the cache but not in the file tier is copied there in the background (one
+        copy at a time), so a later open finds it. Reads of that file reach no block source: they
+        count no cache hits beyond the one-block version's (see the source's). Does not tell the
+        read listeners (:meth:`open_entry` does; a caller using only this calls :meth:`reading`)."""
         whole = getattr(self.source, "local_file", None)
         if whole is not None:
             return whole(entry)
+        if entry.size <= self.block_size:
+            return None
         if self.files is None:
             return None
         fid = self.source.key(entry, 0).file_id

@@ -129,8 +129,11 @@ class DatacacheFileSystem(AbstractFileSystem):
             raise FileNotFoundError(errno.ENOENT, str(err), path) from None
         if entry is None:
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-        fd = client.local_file(entry)  # the version complete in the file tier: a plain local file
-        return open(fd, "rb") if fd is not None else client.open_entry(entry)
+        fd = client.local_file(entry)  # the version complete in the cache: a plain local file
+        if fd is None:
+            return client.open_entry(entry)
+        client.reading(entry)
+        return open(fd, "rb")
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         # No file object: a small file is one block read (DatasetClient.read).

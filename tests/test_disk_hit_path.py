@@ -8,6 +8,7 @@ index row gone stale is asked again (reads and read-ahead hints alike)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import sqlite3
 import time
@@ -76,6 +77,8 @@ def test_whole_small_files_read_back_exactly(datacache_home, tmp_path):
             for name, value in reversed(files.items()):  # not a name-order scan: no file read ahead
                 assert hashlib.sha256(fs.cat_file(f"small/{name}")).digest() == hashlib.sha256(value).digest()
                 with fs.open(f"small/{name}", "rb") as f:
+                    # cached by cat_file: the version's cache file itself, a plain local file, one hit
+                    assert isinstance(f, io.BufferedReader)
                     assert f.read() == value and f.read() == b""
                 assert fs.cat_file(f"small/{name}", start=10, end=20) == value[10:20]
         client = fs._client("small")

@@ -114,3 +114,42 @@ def test_a_file_larger_than_the_quota_loses_single_blocks_by_hole_punching(tmp_p
         assert tier.open_whole(FILE, 24 * BLOCK, 24) is None  # never handed out while not complete
     finally:
         tier.close()
+
+
+class _CountingQueries:
+    """The tier's lookup connection, counting the statements run through it."""
+
+    def __init__(self, inner):
+        self.inner, self.statements = inner, []
+
+    def execute(self, sql, *args):
+        self.statements.append(sql)
+        return self.inner.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_file_handed_out_before_is_opened_again_without_a_query_until_it_is_evicted(tmp_path):
+    directory = str(tmp_path / "ssd")
+    old, new = [os.urandom(BLOCK) for _ in range(2)], [os.urandom(BLOCK) for _ in range(2)]
+    tier, other = DiskTier(directory, 64 * BLOCK, block_size=BLOCK), DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    try:
+        _fill(tier, FILE, old)
+        os.close(tier.open_whole(FILE, 2 * BLOCK, 2))  # checked, marked handed out
+        counting = tier._ro = _CountingQueries(tier._ro)
+        for _ in range(3):
+            with open(tier.open_whole(FILE, 2 * BLOCK, 2), "rb") as f:
+                assert _sha(f.read()) == _sha(b"".join(old))
+        assert counting.statements == []
+        # Another process evicts it (whole: it was handed out) and stores the version anew.
+        other.discard(f"{FILE}/0")
+        assert os.listdir(tier.files) == []
+        _fill(other, FILE, new)
+        fd = tier.open_whole(FILE, 2 * BLOCK, 2)  # the name it remembered is gone: looked up again
+        with open(fd, "rb") as f:
+            assert _sha(f.read()) == _sha(b"".join(new))
+        assert counting.statements != []
+    finally:
+        tier.close()
+        other.close()

@@ -220,7 +220,7 @@ class DiskTier:
         self._lock = threading.RLock()  # orders this process's index writes (one connection)
         self._db = self._ro = None  # index connections (writes; per-thread lookups); None while unusable
         self._rows: dict[str, tuple[str, int, int, str]] = {}  # key -> :meth:`_row` of a recent hit
-        self._checked: set[str] = set()  # cache files this instance checked whole (open_whole)
+        self._handed: dict[str, tuple[str, int]] = {}  # file -> (cache file name, size) open_whole checked
         self._open_files = OpenFiles()  # small cache files kept open between block reads
         self.evictions = 0
         self.corrupt = 0
@@ -548,9 +548,20 @@ class DiskTier:
         against its checksum (a failing one is dropped, and the answer is None: the caller reads
         through the blocks, which refetch it). The file is marked handed out (``exposed``) in the
         index: from then on it is only ever evicted whole, by ``unlink``, so what a reader holding
-        the descriptor reads never changes. Marks its blocks recently used."""
+        the descriptor reads never changes, and this instance's later hand-outs of it are an
+        ``open`` of the name it remembers, without a query (a small-file epoch through
+        ``datacache://`` opens each file so). Marks its blocks recently used."""
         if self._ro is None or blocks <= 0:
             return None
+        handed = self._handed.get(file)
+        if handed is not None and handed[1] == size:  # complete until unlinked whole: no query
+            try:
+                fd = os.open(os.path.join(self.files, handed[0]), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # evicted whole since, by this process or another
+                self._handed.pop(file, None)
+            else:
+                self._note_accesses(file, blocks)
+                return fd
         row = _first(self._ro.execute("SELECT f.name, f.exposed, COUNT(b.idx), COALESCE(SUM(b.size), 0) FROM files f "
                                "LEFT JOIN blocks b ON b.file = f.file AND b.digest != '' "
                                "WHERE f.file = ? GROUP BY f.file",
@@ -564,7 +575,7 @@ class DiskTier:
         except FileNotFoundError:  # evicted since the SELECT
             return None
         try:
-            if os.fstat(fd).st_size != size or (name not in self._checked and not self._check_whole(file, fd, path)):
+            if os.fstat(fd).st_size != size or not self._check_whole(file, fd, path):
                 os.close(fd)
                 return None
             marked = exposed  # a file handed out before keeps all its blocks until unlinked whole
@@ -580,9 +591,8 @@ class DiskTier:
         if not marked:  # a block was evicted between the check and the mark
             os.close(fd)
             return None
-        self._checked.add(name)
-        for index in range(blocks):
-            self._note_access(join_key(file, index))
+        self._handed[file] = (name, size)
+        self._note_accesses(file, blocks)
         return fd
 
     def _check_whole(self, file: str, fd: int, path: str) -> bool:
@@ -604,6 +614,11 @@ class DiskTier:
         return True
 
     # -- access times --------------------------------------------------------------------------------
+
+    def _note_accesses(self, file: str, blocks: int) -> None:
+        """:meth:`_note_access` of blocks ``0..blocks-1`` of ``file``."""
+        for index in range(blocks):
+            self._note_access(join_key(file, index))
 
     def _note_access(self, key: str) -> None:
         """Remember a use of ``key`` for LRU; written with the others at most every
@@ -839,7 +854,7 @@ class DiskTier:
         path = os.path.join(self.files, name)
         self._open_files.forget(path)  # so that the space goes with the unlink
         if whole:
-            self._checked.discard(name)
+            self._handed.pop(file, None)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return len(doomed)

@@ -66,9 +66,15 @@ class LocalBlockSource:
         """A read-only descriptor of ``entry``'s version as one contiguous local file, which the
         caller owns and closes: the disk level's own cache file of the version when all its blocks
         are stored there (checked block by block at its first hand-out, see
-        :meth:`DiskTier.open_whole`), else None. Reads of it reach no block source: no hits counted."""
+        :meth:`DiskTier.open_whole`), else None. Reads of it reach no block source: a one-block
+        version counts the hit its block read would have, a longer one none (a reader of a row
+        group or a passthrough open may read a little of it)."""
         key = self.key(entry, 0)
-        return self.store.open_whole(f"{key.dataset}/{key.file_id}", entry.size, block_count(entry.size, self.block_size))
+        blocks = block_count(entry.size, self.block_size)
+        fd = self.store.open_whole(f"{key.dataset}/{key.file_id}", entry.size, blocks)
+        if fd is not None and blocks == 1 and self.stats is not None:
+            self.stats.count(self.dataset, True)
+        return fd
 
     def is_cached(self, entry: FileEntry, index: int) -> bool:
         return str(self.key(entry, index)) in self.store
