@@ -562,20 +562,19 @@ class DiskTier:
             else:
                 self._note_accesses(file, blocks)
                 return fd
-        row = _first(self._ro.execute("SELECT f.name, f.exposed, COUNT(b.idx), COALESCE(SUM(b.size), 0) FROM files f "
-                               "LEFT JOIN blocks b ON b.file = f.file AND b.digest != '' "
-                               "WHERE f.file = ? GROUP BY f.file",
-                               (file,)))
-        if row is None or row[2] != blocks or row[3] != size:
+        rows = self._ro.execute("SELECT f.name, f.exposed, b.idx, b.size, b.digest, f.stride FROM files f JOIN blocks b "
+                                "ON b.file = f.file AND b.digest != '' WHERE f.file = ? ORDER BY b.idx",
+                                (file,)).fetchall()
+        if len(rows) != blocks or sum(r[3] for r in rows) != size:
             return None
-        name, exposed = row[0], row[1]
+        name, exposed = rows[0][0], rows[0][1]
         path = os.path.join(self.files, name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # evicted since the SELECT
             return None
         try:
-            if os.fstat(fd).st_size != size or not self._check_whole(file, fd, path):
+            if os.fstat(fd).st_size != size or not self._check_whole(file, fd, path, [r[2:] for r in rows]):
                 os.close(fd)
                 return None
             marked = exposed  # a file handed out before keeps all its blocks until unlinked whole
@@ -595,11 +594,9 @@ class DiskTier:
         self._note_accesses(file, blocks)
         return fd
 
-    def _check_whole(self, file: str, fd: int, path: str) -> bool:
-        """Read every block of ``file`` from ``fd`` and check it; a failing one is dropped."""
-        rows = self._ro.execute("SELECT b.idx, b.size, b.digest, f.stride FROM blocks b JOIN files f "
-                                "ON f.file = b.file WHERE b.file = ? AND b.digest != '' ORDER BY b.idx",
-                                (file,)).fetchall()
+    def _check_whole(self, file: str, fd: int, path: str, rows: list[tuple[int, int, str, int]]) -> bool:
+        """Read every block of ``file`` (``rows``: its ``(index, size, digest, stride)``) from ``fd``
+        and check it; a failing one is dropped."""
         for index, size, digest, stride in rows:
             offset = max(index, 0) * stride
             data = os.pread(fd, size, offset)
