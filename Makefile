@@ -13,7 +13,7 @@ PYTHON      ?= python3
 VENV        := .venv
 STAMP       := $(VENV)/.installed
 DEMO_STAMP  := $(VENV)/.installed-demo
-DEB_PACKAGES := fuse3 attr nginx openssh-server sshfs rclone s3fs fio
+DEB_PACKAGES := fuse3 attr nginx openssh-server sshfs rclone s3fs fio btrfs-progs
 DEMO_DEB_PACKAGES := fuse3
 # Each long step says what it does before it starts (a silent install looks hung).
 say          = @echo "==> [$$(date +%H:%M:%S)] $(1)"

@@ -136,3 +136,46 @@ def test_capacity_and_use_are_the_disk_level_even_when_mem_is_larger(tmp_path):
         assert store.levels[0].used() == 300_000
     finally:
         store.close()
+
+
+def _free_fraction(path) -> float:
+    st = os.statvfs(path)
+    return st.f_bavail / st.f_blocks
+
+
+def test_a_device_smaller_than_the_quota_keeps_a_tenth_of_it_free_by_eviction(small_tmpfs):
+    """A quota the device cannot hold (6 MiB tmpfs, 64 MiB quota): puts evict to keep
+    FREE_SPACE_RATIO of the device free, instead of filling it (where SQLite's mapped WAL index
+    can die of SIGBUS on btrfs); every block kept reads back right."""
+    from datacache.cache.disk import FREE_SPACE_RATIO, DiskTier
+
+    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB)
+    blocks = {f"ds/{'c' * 32}/{i}": os.urandom(MiB) for i in range(12)}
+    try:
+        for key, data in blocks.items():
+            assert tier.put(key, data)  # room made by evicting the oldest
+            # the reserve also takes the index's growth after the put: a little of it may go
+            assert _free_fraction(small_tmpfs) >= 0.8 * FREE_SPACE_RATIO
+        kept = [key for key in blocks if key in tier]
+        assert 2 <= len(kept) <= 5 and kept == list(blocks)[-len(kept):]  # the newest, LRU
+        assert tier.full_bypasses > 0 and tier.evictions == 12 - len(kept) and tier.healthy
+        for key in kept:
+            assert bytes(tier.get(key)) == blocks[key]
+    finally:
+        tier.close()
+
+
+def test_a_device_filled_by_other_files_skips_puts_and_keeps_the_tiers_blocks(small_tmpfs):
+    from datacache.cache.disk import DiskTier
+
+    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB)
+    first = os.urandom(MiB)
+    try:
+        assert tier.put(f"ds/{'d' * 32}/0", first)
+        with open(small_tmpfs / "other", "wb") as f:  # someone else's file takes the rest
+            while _free_fraction(small_tmpfs) > 0.05:
+                f.write(bytes(256 << 10))
+        assert tier.put(f"ds/{'d' * 32}/1", os.urandom(MiB)) is False  # evicting the 1 MiB would not do
+        assert bytes(tier.get(f"ds/{'d' * 32}/0")) == first and tier.healthy
+    finally:
+        tier.close()

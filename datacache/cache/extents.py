@@ -9,9 +9,11 @@ with ``O_DIRECT`` for a warmup's bulk load), ask the kernel to read one ahead, a
 
 from __future__ import annotations
 
+import array
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import functools
 import mmap
 import os
@@ -220,6 +222,33 @@ def _libc_process_vm_writev():
                        ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong)
     writev.restype = ctypes.c_ssize_t
     return writev
+
+
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602  # linux/fs.h, _IOR/_IOW('f', 1/2, long)
+FS_NOCOW_FL = 0x00800000  # linux/fs.h: "Do not cow file" (btrfs; chattr +C)
+
+
+def no_copy_on_write(directory: str) -> bool:
+    """Mark ``directory`` so that files made in it from now on are overwritten in place (btrfs's
+    NOCOW attribute, ``chattr +C``), as btrfs's documentation advises for databases: the
+    index's WAL index (``index.db-shm``) is a shared mapping, and on a full btrfs a store into a
+    page of it needs a new extent the file system cannot give, which is a SIGBUS in SQLite; in
+    place, the page keeps the extent SQLite allocated when it grew the file (by ``pwrite``, which
+    reports ENOSPC). Returns False where the file system has no such attribute (ext4, xfs, tmpfs)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        flags = array.array("i", [0])
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+        if not flags[0] & FS_NOCOW_FL:
+            flags[0] |= FS_NOCOW_FL
+            fcntl.ioctl(fd, FS_IOC_SETFLAGS, flags)
+        return True
+    except OSError as err:
+        if err.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS, errno.EPERM):
+            return False
+        raise
+    finally:
+        os.close(fd)
 
 
 def punch_hole(path: str, offset: int, size: int) -> None:
