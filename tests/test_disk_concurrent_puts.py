@@ -86,58 +86,72 @@ def test_a_put_writing_its_bytes_holds_no_lock_and_its_block_is_reserved_but_uns
         tier.close()
 
 
-def test_the_quota_counts_a_block_being_written_and_eviction_leaves_it_alone(tmp_path, monkeypatch):
-    """Its range is not punched under its write (a mapped write would keep the zeros of the pages
-    copied before); the blocks stored around it are evicted instead."""
+def test_the_quota_counts_the_blocks_being_written_and_may_evict_them(tmp_path, monkeypatch):
     path, quota = str(tmp_path / "ssd"), 40 << 20  # high watermark 38 MiB: 9 blocks
     tier = DiskTier(path, quota, high=0.95, low=0.7)
-    held = _HeldWrite(monkeypatch, after=False)
-    data = os.urandom(BLOCK)
+    held = _HeldWrite(monkeypatch, after=True)
     try:
-        thread, result = _put_in_thread(tier, "ds/held/0", data)
+        thread, result = _put_in_thread(tier, "ds/held/0", os.urandom(BLOCK))
         assert held.started.wait(30)
         assert _stored_bytes(path) == BLOCK  # counted from its reservation on
         for i in range(12):
             assert tier.put(f"ds/f{i}/0", os.urandom(BLOCK))
             assert tier.used() <= quota * 0.95
-        assert tier.evictions >= 4  # the others made room, oldest first
+        # The reserved block was the least recently used: evicted like any other, so its put
+        # stores nothing and its bytes are freed.
         held.release()
         thread.join(30)
-        assert result == [True]
-        assert hashlib.sha256(tier.get("ds/held/0")).digest() == hashlib.sha256(data).digest()
+        assert result == [False] and tier.get("ds/held/0") is None
         assert len(_cache_files(path)) == len(list(tier.keys())) == _stored_bytes(path) // BLOCK
+        assert tier.used() <= quota * 0.95
     finally:
         held.release()
         tier.close()
 
 
-def test_a_failed_second_put_of_a_block_leaves_the_first_ones_bytes(tmp_path, monkeypatch):
-    """Two puts of one block write its range at once; one completes, the other's write fails
-    after: the failure drops nothing the first stored (it punched the completed range before)."""
+def test_a_put_evicted_while_it_writes_leaves_the_block_to_the_put_that_reserved_it_anew(tmp_path, monkeypatch):
+    """Eviction punched the range of a block being written (zeroing pages a mapped write had
+    copied) and a second put reserved the block anew. The first put's completion must not complete
+    the second one's reservation before that one wrote (it did: the block then failed its checksum
+    and was dropped): it stores nothing, and the second stores the block."""
     path = str(tmp_path / "ssd")
     tier = DiskTier(path, 64 << 20)
     data = os.urandom(BLOCK)
     real = disk_module.write_range
+    first_wrote, release_first, second_started, release_second = (threading.Event() for _ in range(4))
     calls = []
 
-    def second_put_completes_then_this_write_fails(*args, **kwargs):
+    def gated(*args, **kwargs):
         calls.append(args[1])
-        if len(calls) == 1:  # the first put: another put of the block runs to the end meanwhile
-            assert tier.put("ds/twice/0", data)
-            raise OSError(5, "Input/output error", args[0])
-        return real(*args, **kwargs)
+        if len(calls) == 1:  # the first put: writes, then waits to complete
+            real(*args, **kwargs)
+            first_wrote.set()
+            release_first.wait(30)
+        else:  # the second: waits before writing
+            second_started.set()
+            release_second.wait(30)
+            real(*args, **kwargs)
+        return True
 
-    monkeypatch.setattr(disk_module, "write_range", second_put_completes_then_this_write_fails)
+    monkeypatch.setattr(disk_module, "write_range", gated)
     try:
-        assert tier.put("ds/twice/0", data) is False and not tier.healthy  # EIO: the tier stops taking puts
-        assert calls == [0, 0]
+        first, first_result = _put_in_thread(tier, "ds/x/0", data)
+        assert first_wrote.wait(30)
+        with tier._exclusive():
+            tier._evict_to(0)  # the reserved block is the least recently used: its range punched
+        second, second_result = _put_in_thread(tier, "ds/x/0", data)
+        assert second_started.wait(30)
+        release_first.set()
+        first.join(30)
+        assert first_result == [False] and tier.get("ds/x/0") is None and tier.corrupt == 0
+        release_second.set()
+        second.join(30)
+        assert second_result == [True]
+        assert hashlib.sha256(tier.get("ds/x/0")).digest() == hashlib.sha256(data).digest()
     finally:
+        release_first.set()
+        release_second.set()
         tier.close()
-    again = DiskTier(path, 64 << 20)
-    try:
-        assert hashlib.sha256(again.get("ds/twice/0")).digest() == hashlib.sha256(data).digest()
-    finally:
-        again.close()
 
 
 def test_a_put_finding_its_block_reserved_by_a_put_that_died_stores_it(tmp_path, monkeypatch):

@@ -700,7 +700,7 @@ class DiskTier:
                     reserved = self._reserve(file, index, size)
                 if not isinstance(reserved, tuple):
                     return reserved
-                path, offset = reserved
+                path, offset, token = reserved
                 try:
                     if not write_range(path, offset, data, private.FILE_MODE, bulk and self.direct_io):
                         log.info("cache tier %s (%s): the file system refuses O_DIRECT; bulk loads write "
@@ -708,13 +708,13 @@ class DiskTier:
                         self.direct_io = False
                 except OSError as err:
                     with self._exclusive():
-                        self._unreserve(file, index, path, offset, size)
+                        self._unreserve(file, index, path, offset, size, token)
                     if attempt == 1 and _is_full(err):
                         continue
                     raise
                 digest = checksum(data)
                 with self._exclusive():
-                    stored = self._complete(file, index, path, offset, size, digest)
+                    stored = self._complete(file, index, path, offset, size, digest, token)
                 if stored and not self.healthy:
                     log.warning("cache tier %s (%s) takes writes again", self.path, self.medium)
                     self.healthy = True
@@ -737,47 +737,52 @@ class DiskTier:
             return 0
         return max(0, int(FREE_SPACE_RATIO * st.f_blocks * st.f_frsize) + size - st.f_bavail * st.f_frsize)
 
-    def _reserve(self, file: str, index: int, size: int) -> tuple[str, int] | bool:
+    def _reserve(self, file: str, index: int, size: int) -> tuple[str, int, float] | bool:
         """Under the lock: insert block ``index`` of ``file`` as pending (empty checksum), after
         evicting to the low watermark when it would pass the high one, and the file's row when it
-        is new. ``(path, offset)`` to write it at; True when the block is stored already; False
-        when it is longer than its file's stride, or would pass the quota with what eviction
-        cannot take (blocks being written). A block pending already is written again by
+        is new. ``(path, offset, token)`` to write it at (the token, the row's reservation time,
+        names this reservation to :meth:`_complete`); True when the block is stored already; False
+        when it is longer than its file's stride. A block pending already is written again by
         this put too (its key names one version's bytes, so both write the same bytes; its first
         put may have been killed, and the block would otherwise stay missing until a later open
         drops the reservation)."""
-        row = _first(self._db.execute("SELECT b.digest, f.name, f.stride FROM blocks b JOIN files f "
+        row = _first(self._db.execute("SELECT b.digest, f.name, f.stride, b.atime FROM blocks b JOIN files f "
                                       "ON f.file = b.file WHERE b.file = ? AND b.idx = ?", (file, index)))
         if row is not None:
-            digest, name, stride = row
-            return True if digest != _PENDING else (os.path.join(self.files, name), max(index, 0) * stride)
+            digest, name, stride, token = row
+            return True if digest != _PENDING else (os.path.join(self.files, name), max(index, 0) * stride, token)
         if self.used() + size > self._high:
             self._evict_to(self._low - size)
-            if self.used() + size > self.quota:  # what is left is blocks being written
-                return False
         known = _first(self._db.execute("SELECT name, stride FROM files WHERE file = ?", (file,)))
         name, stride = known or (uuid.uuid4().hex, max(self.block_size, size))
         if size > stride:
             return False
+        token = time.time()
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             if known is None:
                 self._db.execute("INSERT INTO files (file, name, stride) VALUES (?, ?, ?)", (file, name, stride))
-            self._db.execute("INSERT INTO blocks VALUES (?, ?, ?, ?, ?)", (file, index, size, _PENDING, time.time()))
-        return os.path.join(self.files, name), max(index, 0) * stride
+            self._db.execute("INSERT INTO blocks VALUES (?, ?, ?, ?, ?)", (file, index, size, _PENDING, token))
+        return os.path.join(self.files, name), max(index, 0) * stride, token
 
-    def _complete(self, file: str, index: int, path: str, offset: int, size: int, digest: str) -> bool:
+    def _complete(self, file: str, index: int, path: str, offset: int, size: int, digest: str,
+                  token: float) -> bool:
         """Under the lock: give the pending row of a block written at ``offset`` of ``path`` its
         checksum (True also when another put of the block completed it first); if the index's own
         growth took the tier past the high watermark, its WAL is checkpointed and truncated, and
         blocks are evicted to the low watermark only if that was not enough. False when the
         row or the file's row went meanwhile (evicted, deleted, made anew): the written range is
-        freed again, as no row names it."""
-        row = _first(self._db.execute("SELECT b.digest FROM blocks b JOIN files f ON f.file = b.file "
+        freed again, as no row names it. False too, touching nothing, when the row is pending
+        under another reservation (``token``): this one was evicted while it wrote, the hole
+        punched then may have zeroed pages it had copied, and the put that reserved the block
+        anew completes it with its own bytes."""
+        row = _first(self._db.execute("SELECT b.digest, b.atime FROM blocks b JOIN files f ON f.file = b.file "
                                       "WHERE b.file = ? AND b.idx = ? AND f.name = ?",
                                       (file, index, os.path.basename(path))))
         if row is None:
-            self._unreserve(file, index, path, offset, size)
+            self._unreserve(file, index, path, offset, size, token)
+            return False
+        if row[0] == _PENDING and row[1] != token:
             return False
         if row[0] == _PENDING:
             with self._db:
@@ -790,23 +795,23 @@ class DiskTier:
                 self._evict_to(self._low)
         return True
 
-    def _unreserve(self, file: str, index: int, path: str, offset: int, size: int) -> None:
-        """Under the lock: drop the pending row of a block whose write failed or was overtaken,
-        and free what the write left at ``offset`` of ``path``: the whole file when no row names
-        it any more (it was removed, or only this block was in it), else the block's range,
-        unless another put of the block completed it."""
+    def _unreserve(self, file: str, index: int, path: str, offset: int, size: int, token: float) -> None:
+        """Under the lock: drop the pending row of a block whose write failed or was overtaken
+        (reserved with ``token``), and free what the write left at ``offset`` of ``path``: the
+        whole file when no row names it any more (it was removed, or only this block was in it),
+        else the block's range, unless another put of the block holds it (completed, or writing
+        under a reservation of its own)."""
         name = os.path.basename(path)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("DELETE FROM blocks WHERE file = ? AND idx = ? AND digest = ? AND "
-                             "(SELECT name FROM files WHERE file = ?) = ?", (file, index, _PENDING, file, name))
+            self._db.execute("DELETE FROM blocks WHERE file = ? AND idx = ? AND digest = ? AND atime = ? AND "
+                             "(SELECT name FROM files WHERE file = ?) = ?", (file, index, _PENDING, token, file, name))
             if not _first(self._db.execute("SELECT 1 FROM blocks WHERE file = ?", (file,))):
                 self._db.execute("DELETE FROM files WHERE file = ? AND name = ?", (file, name))
         named = _first(self._db.execute("SELECT 1 FROM files WHERE name = ?", (name,)))
         if named and _first(self._db.execute("SELECT 1 FROM blocks b JOIN files f ON f.file = b.file WHERE "
-                                             "b.file = ? AND b.idx = ? AND f.name = ? AND b.digest != ''",
-                                             (file, index, name))):
-            return  # another put of the block completed it meanwhile: those bytes stay
+                                             "b.file = ? AND b.idx = ? AND f.name = ?", (file, index, name))):
+            return  # another put of the block holds it: its bytes stay
         self._forget_write(path, offset, size, whole=not named)
 
     @staticmethod
@@ -823,14 +828,9 @@ class DiskTier:
     def _eviction_order(self):
         """Eviction candidates, least worth keeping first: ``(file, index, size, exposed)`` of each
         stored block, least recently used first (the access times :meth:`flush_accesses` wrote),
-        or in the order :attr:`rank_victims` gives them. The one place that ranks eviction. A
-        block being written (pending for less than ``ORPHAN_GRACE_S``) is no candidate: a hole
-        punched into its range while a mapped write copied into it zeroed the pages copied so far,
-        and a second put of the block, reserving it again, was then completed by the first with
-        those zeros. An older reservation is a killed put's: a candidate like any block."""
+        or in the order :attr:`rank_victims` gives them. The one place that ranks eviction."""
         cursor = self._db.execute("SELECT b.file, b.idx, b.size, f.exposed FROM blocks b JOIN files f "
-                                  "ON f.file = b.file WHERE b.digest != '' OR b.atime < ? ORDER BY b.atime",
-                                  (time.time() - ORPHAN_GRACE_S,))
+                                  "ON f.file = b.file ORDER BY b.atime")
         try:
             lru = (row for batch in iter(lambda: cursor.fetchmany(256), []) for row in batch)
             yield from lru if self.rank_victims is None else self.rank_victims(lru)
@@ -961,10 +961,10 @@ class DiskTier:
         connection a ``close`` may be closing. Returns how many."""
         with self._exclusive():
             # digest = '' spelled as the literal: the partial index blocks_pending serves only that
-            rows = self._db.execute("SELECT b.file, b.idx, b.size, f.name, f.stride FROM blocks b JOIN files f "
+            rows = self._db.execute("SELECT b.file, b.idx, b.size, f.name, f.stride, b.atime FROM blocks b JOIN files f "
                                     "ON f.file = b.file WHERE b.digest = '' AND b.atime < ?", (cutoff,)).fetchall()
-            for file, index, size, name, stride in rows:
-                self._unreserve(file, index, os.path.join(self.files, name), max(index, 0) * stride, size)
+            for file, index, size, name, stride, token in rows:
+                self._unreserve(file, index, os.path.join(self.files, name), max(index, 0) * stride, size, token)
         return len(rows)
 
     def _delete_cache_files(self, known: set[str], cutoff: float | None) -> int:
