@@ -100,7 +100,7 @@ def test_a_full_device_is_enospc_not_a_sigbus(small_tmpfs):
 
 
 _TRUNCATED_UNDER_THE_MAPPING = """
-import mmap, os, sys
+import ctypes, mmap, os, sys
 from datacache.cache import extents
 path = sys.argv[1]
 with open(path, "wb") as f:
@@ -108,7 +108,6 @@ with open(path, "wb") as f:
 fd = os.open(path, os.O_RDWR)
 mapped = mmap.mmap(fd, 2 << 20)
 os.truncate(path, 0)  # behind the mapping's back: a store by the CPU there is a SIGBUS
-import ctypes
 anchor = ctypes.c_char.from_buffer(mapped)
 print(extents._copy_into(ctypes.addressof(anchor), memoryview(os.urandom(2 << 20))))
 """

@@ -98,10 +98,10 @@ files filled the device). A full device fails more than a write: the index's WAL
 (btrfs copy-on-write on a full device) is a SIGBUS in SQLite."""
 ROOM_LAG_S = 30.0
 """Seconds after an eviction for :data:`FREE_SPACE_RATIO` that did not show in ``statvfs``
-during which a put that finds the device short is skipped, not met with more eviction: btrfs frees the space of punched and
-unlinked extents at its next transaction commit (mount option ``commit``, 30 s by default), and
-until then ``statvfs`` shows the device as full as before; evicting on every put drained a
-200 MiB btrfs tier to 13 MiB in 10 s."""
+during which a put that finds the device short is skipped, not met with more eviction: btrfs
+frees the space of punched and unlinked extents at its next transaction commit (mount option
+``commit``, 30 s by default), and until then ``statvfs`` shows the device as full as before;
+evicting on every put drained a 200 MiB btrfs tier to 13 MiB in 10 s."""
 FILES = "files"  # subdirectory of the cache files
 INDEX = "index.db"  # the index of a cache directory: where it is, a disk tier has used the directory
 _INDEX_FILES = (INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal")
