@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from datacache.cache.disk import DiskTier
 from datacache.cache.extents import FS_IOC_GETFLAGS, FS_NOCOW_FL
 
 _FILL = """
@@ -76,3 +77,17 @@ def test_sixteen_threads_filling_a_btrfs_device_keep_the_process_alive_and_the_b
     # The index is made in place; the cache files stay copy-on-write (btrfs frees a punched
     # range only with its whole extent, and NOCOW extents stayed whole).
     assert _nocow(tier) and not _nocow(tier / "files")
+
+
+def test_a_tier_nested_in_another_tiers_directory_keeps_its_cache_files_copy_on_write(btrfs):
+    """A worker's tier made inside a level directory another tier marked NOCOW inherits the
+    attribute: its index stays in place, its cache files must not (punched ranges would not be
+    freed)."""
+    level = DiskTier(str(btrfs / "level"), 64 << 20)
+    nested = DiskTier(str(btrfs / "level" / "worker-0"), 64 << 20)
+    try:
+        assert _nocow(btrfs / "level") and _nocow(btrfs / "level" / "worker-0")
+        assert not _nocow(btrfs / "level" / "files") and not _nocow(btrfs / "level" / "worker-0" / "files")
+    finally:
+        nested.close()
+        level.close()

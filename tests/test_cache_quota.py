@@ -179,3 +179,38 @@ def test_a_device_filled_by_other_files_skips_puts_and_keeps_the_tiers_blocks(sm
         assert bytes(tier.get(f"ds/{'d' * 32}/0")) == first and tier.healthy
     finally:
         tier.close()
+
+
+def test_puts_of_many_threads_at_once_leave_the_free_space_and_the_tier_healthy(small_tmpfs):
+    """Blocks reserved and still being written do not show in ``statvfs``: 8 threads putting
+    at once must count them, or together they fill the device (the write fails with ENOSPC, and
+    so may the index's next write, wedging the tier)."""
+    from datacache.cache.disk import FREE_SPACE_RATIO, DiskTier
+
+    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB)
+    blocks = {f"ds/{chr(ord('a') + t) * 32}/{i}": os.urandom(MiB) for t in range(8) for i in range(4)}
+    start, lowest, errors = threading.Barrier(8), [1.0], []
+
+    def putter(t: int) -> None:
+        start.wait()
+        try:
+            for i in range(4):
+                tier.put(f"ds/{chr(ord('a') + t) * 32}/{i}", blocks[f"ds/{chr(ord('a') + t) * 32}/{i}"])
+                lowest[0] = min(lowest[0], _free_fraction(small_tmpfs))
+        except Exception as err:  # surfaced below
+            errors.append(err)
+
+    threads = [threading.Thread(target=putter, args=(t,)) for t in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert tier.healthy and tier.write_errors == 0
+        assert lowest[0] >= 0.5 * FREE_SPACE_RATIO, f"the device was left {lowest[0]:.1%} free"
+        kept = [key for key in blocks if key in tier]
+        assert kept and all(bytes(tier.get(key)) == blocks[key] for key in kept)
+        assert tier.put(f"ds/{'z' * 32}/0", blocks[kept[0]])  # the tier still takes blocks
+    finally:
+        tier.close()

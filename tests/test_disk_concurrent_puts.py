@@ -4,6 +4,7 @@ it is written leaves nothing behind, and a put killed mid-way is swept at a late
 
 from __future__ import annotations
 
+import array
 import hashlib
 import os
 import sqlite3
@@ -221,5 +222,17 @@ def test_a_put_killed_between_its_bytes_and_its_checksum_is_swept_at_a_later_ope
         data = os.urandom(BLOCK)
         assert tier.put("ds/killed/0", data)
         assert hashlib.sha256(tier.get("ds/killed/0")).digest() == hashlib.sha256(data).digest()
+    finally:
+        tier.close()
+
+
+def test_a_block_given_as_a_buffer_of_wider_items_is_stored_whole_and_an_empty_one_is_not(tmp_path):
+    """``len`` of an ``array('i')`` counts items, not bytes: the reservation must be its bytes."""
+    tier = DiskTier(str(tmp_path / "ssd"), 64 << 20, block_size=1 << 20)
+    data = array.array("i", range(65536))  # 256 KiB, 65,536 items
+    try:
+        assert tier.put(f"ds/{'w' * 32}/0", data)
+        assert bytes(tier.get(f"ds/{'w' * 32}/0")) == data.tobytes()
+        assert tier.put(f"ds/{'e' * 32}/0", b"") is False and f"ds/{'e' * 32}/0" not in tier
     finally:
         tier.close()

@@ -10,6 +10,7 @@ import hashlib
 import os
 
 from datacache.cache.disk import DiskTier
+from datacache.cache.extents import write_range
 
 BLOCK = 256 << 10
 FILE = "ds/" + "a" * 32
@@ -153,3 +154,37 @@ def test_a_file_handed_out_before_is_opened_again_without_a_query_until_it_is_ev
     finally:
         tier.close()
         other.close()
+
+
+def test_a_handed_out_file_made_anew_under_its_name_by_a_put_in_flight_is_not_handed_out(tmp_path):
+    """A put that reserved a block before its file was evicted writes after: ``O_CREAT`` makes the
+    file anew under the remembered name, with only that block (zeros before it), until the put
+    learns its row went. The remembered hand-out must not open it."""
+    directory = str(tmp_path / "ssd")
+    blocks = [os.urandom(BLOCK) for _ in range(2)]
+    tier, other = DiskTier(directory, 64 * BLOCK, block_size=BLOCK), DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    try:
+        _fill(tier, FILE, blocks)
+        path = tier.block_file(f"{FILE}/1")
+        os.close(tier.open_whole(FILE, 2 * BLOCK, 2))  # checked, remembered
+        other.discard(f"{FILE}/0")  # evicted whole by another process
+        write_range(path, BLOCK, blocks[1], 0o600)  # the put in flight writes its block
+        assert os.path.getsize(path) == 2 * BLOCK
+        assert tier.open_whole(FILE, 2 * BLOCK, 2) is None
+        assert tier.get(f"{FILE}/0") is None and tier.get(f"{FILE}/1") is None
+    finally:
+        tier.close()
+        other.close()
+
+
+def test_a_handed_out_file_truncated_behind_the_cache_is_not_handed_out_short(tmp_path):
+    tier = DiskTier(str(tmp_path / "ssd"), 64 * BLOCK, block_size=BLOCK)
+    blocks = [os.urandom(BLOCK) for _ in range(2)]
+    try:
+        _fill(tier, FILE, blocks)
+        os.close(tier.open_whole(FILE, 2 * BLOCK, 2))
+        os.truncate(tier.block_file(f"{FILE}/0"), BLOCK)
+        assert tier.open_whole(FILE, 2 * BLOCK, 2) is None
+        assert tier.get(f"{FILE}/0") == blocks[0]  # the first block is intact
+    finally:
+        tier.close()

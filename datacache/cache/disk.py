@@ -81,7 +81,7 @@ import uuid
 
 from datacache import private
 from datacache.cache.blocks import PIECE, PieceBlock, checksum
-from datacache.cache.extents import no_copy_on_write, punch_hole, read_pieces, read_range, will_need, write_range
+from datacache.cache.extents import copy_on_write, punch_hole, read_pieces, read_range, will_need, write_range
 from datacache.cache.openfiles import OpenFiles
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class DiskTier:
         self._lock = threading.RLock()  # orders this process's index writes (one connection)
         self._db = self._ro = None  # index connections (writes; per-thread lookups); None while unusable
         self._rows: dict[str, tuple[str, int, int, str]] = {}  # key -> :meth:`_row` of a recent hit
-        self._handed: dict[str, tuple[str, int]] = {}  # file -> (cache file name, size) open_whole checked
+        self._handed: dict[str, tuple[str, int, int, int]] = {}  # file -> (name, size, inode, ctime) open_whole checked
         self._open_files = OpenFiles()  # small cache files kept open between block reads
         self.evictions = 0
         self.corrupt = 0
@@ -240,6 +240,7 @@ class DiskTier:
         self.orphans_removed = 0
         self.full_bypasses = 0
         self._made_room_at = -ROOM_LAG_S  # time.monotonic() of the last eviction for room that did not show
+        self._writing = 0  # bytes of the blocks this instance's puts reserved and are writing
         self.write_errors = 0
         self.healthy = True
         self.direct_io = True  # bulk puts write with O_DIRECT until the file system refuses it
@@ -265,8 +266,10 @@ class DiskTier:
             private.makedirs(self.files)
             # The index is made in place on btrfs (not the cache files: btrfs frees a punched range
             # only with its whole extent, and NOCOW extents were kept whole: a 200 MiB device held
-            # 117 MiB of extents for 20 MiB of blocks).
-            no_copy_on_write(self.path)
+            # 117 MiB of extents for 20 MiB of blocks; files/ would inherit the attribute from a
+            # tier directory it is nested in).
+            copy_on_write(self.path, False)
+            copy_on_write(self.files, True)
             lock_fd = os.open(private.touch(os.path.join(self.path, ".lock")), os.O_RDWR | os.O_CLOEXEC)
         except OSError as err:
             return self._cannot_open(err)
@@ -572,11 +575,8 @@ class DiskTier:
             return None
         handed = self._handed.get(file)
         if handed is not None and handed[1] == size:  # complete until unlinked whole: no query
-            try:
-                fd = os.open(os.path.join(self.files, handed[0]), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:  # evicted whole since, by this process or another
-                self._handed.pop(file, None)
-            else:
+            fd = self._reopen(file, handed)
+            if fd is not None:
                 self._note_accesses(file, blocks)
                 return fd
         rows = self._ro.execute("SELECT f.name, f.exposed, b.idx, b.size, b.digest, f.stride FROM files f JOIN blocks b "
@@ -591,7 +591,8 @@ class DiskTier:
         except FileNotFoundError:  # evicted since the SELECT
             return None
         try:
-            if os.fstat(fd).st_size != size or not self._check_whole(file, fd, path, [r[2:] for r in rows]):
+            st = os.fstat(fd)
+            if st.st_size != size or not self._check_whole(file, fd, path, [r[2:] for r in rows]):
                 os.close(fd)
                 return None
             marked = exposed  # a file handed out before keeps all its blocks until unlinked whole
@@ -607,8 +608,27 @@ class DiskTier:
         if not marked:  # a block was evicted between the check and the mark
             os.close(fd)
             return None
-        self._handed[file] = (name, size)
+        self._handed[file] = (name, size, st.st_ino, st.st_ctime_ns)
         self._note_accesses(file, blocks)
+        return fd
+
+    def _reopen(self, file: str, handed: tuple[str, int, int, int]) -> int | None:
+        """A descriptor of the cache file :meth:`open_whole` checked and handed out before
+        (``handed``: its name, size, inode and change time), or None when that file is gone: evicted
+        whole, truncated behind the cache, or made anew under its name (a put in flight since
+        its eviction writes into a new file before it learns the row went: zeros where blocks
+        were). Forgets the hand-out then; the caller asks the index again."""
+        name, size, inode, changed = handed
+        try:
+            fd = os.open(os.path.join(self.files, name), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._handed.pop(file, None)
+            return None
+        st = os.fstat(fd)
+        if (st.st_ino, st.st_size, st.st_ctime_ns) != (inode, size, changed):
+            os.close(fd)
+            self._handed.pop(file, None)
+            return None
         return fd
 
     def _check_whole(self, file: str, fd: int, path: str, rows: list[tuple[int, int, str, int]]) -> bool:
@@ -616,10 +636,14 @@ class DiskTier:
         and check it; a failing one is dropped."""
         for index, size, digest, stride in rows:
             offset = max(index, 0) * stride
-            data = os.pread(fd, size, offset)
-            if checksum(data) != digest:
+            if checksum(os.pread(fd, size, offset)) != digest:
                 key = join_key(file, index)
-                if (path, offset, size, digest) == self._row(key):  # not evicted or stored anew meanwhile
+                # Read again under the lock: the block may have been evicted and stored anew while
+                # it was read (a hole then), and only a row and bytes that still disagree are corrupt.
+                with self._exclusive():
+                    corrupt = ((path, offset, size, digest) == self._row(key) and _same_file(fd, path)
+                               and checksum(os.pread(fd, size, offset)) != digest)
+                if corrupt:
                     self.corrupt += 1
                     log.warning("cache tier %s: block %s failed its checksum at its first hand-out as a "
                                 "whole file: dropped, refetched", self.path, key)
@@ -663,7 +687,7 @@ class DiskTier:
     # -- writing -------------------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes | memoryview, bulk: bool = False) -> bool:
-        """Store a block; False when it is not kept: larger than the high watermark even in an
+        """Store a block; False when it is not kept: empty, larger than the high watermark even in an
         empty tier or than its file's stride, the device is full or would be left with less than
         :data:`FREE_SPACE_RATIO` free (after evicting to the low watermark, or as far as the room
         needs, and trying once more), or the tier is unhealthy. Never raises for a write
@@ -681,8 +705,8 @@ class DiskTier:
         meanwhile (its range is then freed again: False). True also when the block is stored
         already."""
         file, index = split_key(key)
-        size = len(data)
-        if size > self._high or not self._usable():
+        size = memoryview(data).nbytes  # bytes, whatever the buffer's item size
+        if not 0 < size <= self._high or not self._usable():
             return False
         try:
             for attempt in (1, 2):
@@ -693,16 +717,26 @@ class DiskTier:
                         lagging = attempt == 1 and time.monotonic() - self._made_room_at < ROOM_LAG_S
                         if short > self.used() or lagging:  # eviction would not do, or has not shown yet
                             return False
-                        self._evict_to(min(self._low, self.used()) - max(short, size))
-                        if self._shortfall(size):  # the space freed does not show yet
-                            self._made_room_at = time.monotonic()
+                        free, used, writing = self._free(), self.used(), self._writing
+                        self._evict_to(min(self._low, used) - max(short, size))
+                        if self._shortfall(size):
+                            # Puts in flight may have taken at most ``writing`` of what was freed.
+                            if self._free() - free + writing < (used - self.used()) / 2:  # not shown yet
+                                self._made_room_at = time.monotonic()
                             return False
                     reserved = self._reserve(file, index, size)
+                    if isinstance(reserved, tuple):
+                        self._writing += size
                 if not isinstance(reserved, tuple):
                     return reserved
                 path, offset, token = reserved
                 try:
-                    if not write_range(path, offset, data, private.FILE_MODE, bulk and self.direct_io):
+                    try:
+                        direct = write_range(path, offset, data, private.FILE_MODE, bulk and self.direct_io)
+                    finally:
+                        with self._lock:
+                            self._writing -= size
+                    if not direct:
                         log.info("cache tier %s (%s): the file system refuses O_DIRECT; bulk loads write "
                                  "through the page cache", self.path, self.medium)
                         self.direct_io = False
@@ -729,13 +763,21 @@ class DiskTier:
         return False
 
     def _shortfall(self, size: int) -> int:
-        """Bytes missing on the device for ``size`` more with :data:`FREE_SPACE_RATIO` of it left
-        free (``statvfs`` of the tier's directory); 0 when there is room, or the file system
-        reports no size (ramfs: 0 blocks)."""
+        """Bytes missing on the device for ``size`` more, besides the blocks this instance's puts
+        have reserved and are still writing (``statvfs`` does not count them yet: 16 puts at once
+        left a 64 MiB tmpfs full), with :data:`FREE_SPACE_RATIO` of it left free (``statvfs`` of
+        the tier's directory); 0 when there is room, or the file system reports no size (ramfs:
+        0 blocks)."""
         st = os.statvfs(self.path)
         if st.f_blocks == 0:
             return 0
-        return max(0, int(FREE_SPACE_RATIO * st.f_blocks * st.f_frsize) + size - st.f_bavail * st.f_frsize)
+        return max(0, int(FREE_SPACE_RATIO * st.f_blocks * st.f_frsize) + self._writing + size
+                   - st.f_bavail * st.f_frsize)
+
+    def _free(self) -> int:
+        """Bytes free on the tier's device for unprivileged writes (``statvfs``)."""
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
 
     def _reserve(self, file: str, index: int, size: int) -> tuple[str, int, float] | bool:
         """Under the lock: insert block ``index`` of ``file`` as pending (empty checksum), after
@@ -1052,6 +1094,14 @@ def _close(db: sqlite3.Connection, ro: _Readers, lock_fd: int) -> None:
     db.close()
     ro.close()
     os.close(lock_fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``fd`` is open on the file ``path`` names now (not one unlinked since)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _first(cursor: sqlite3.Cursor) -> tuple | None:

@@ -229,19 +229,21 @@ FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602  # linux/fs.h, _IOR/_I
 FS_NOCOW_FL = 0x00800000  # linux/fs.h: "Do not cow file" (btrfs; chattr +C)
 
 
-def no_copy_on_write(directory: str) -> bool:
-    """Mark ``directory`` so that files made in it from now on are overwritten in place (btrfs's
-    NOCOW attribute, ``chattr +C``), as btrfs's documentation advises for databases: the
-    index's WAL index (``index.db-shm``) is a shared mapping, and on a full btrfs a store into a
-    page of it needs a new extent the file system cannot give, which is a SIGBUS in SQLite; in
-    place, the page keeps the extent SQLite allocated when it grew the file (by ``pwrite``, which
-    reports ENOSPC). Returns False where the file system has no such attribute (ext4, xfs, tmpfs)."""
+def copy_on_write(directory: str, enabled: bool) -> bool:
+    """Mark ``directory`` so that files made in it from now on are copied on write (``enabled``)
+    or overwritten in place (btrfs's NOCOW attribute, ``chattr +C``, as btrfs's documentation
+    advises for databases: the index's WAL index (``index.db-shm``) is a shared mapping, and on a
+    full btrfs a store into a page of it needs a new extent the file system cannot give, which
+    is a SIGBUS in SQLite; in place, the page keeps the extent SQLite allocated when it grew the
+    file (by ``pwrite``, which reports ENOSPC)). A directory made in a NOCOW one inherits the
+    attribute: clearing it is how a directory nested in another tier's keeps copy-on-write.
+    Returns False where the file system has no such attribute (ext4, xfs, tmpfs)."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         flags = array.array("i", [0])
         fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
-        if not flags[0] & FS_NOCOW_FL:
-            flags[0] |= FS_NOCOW_FL
+        if bool(flags[0] & FS_NOCOW_FL) == enabled:
+            flags[0] ^= FS_NOCOW_FL
             fcntl.ioctl(fd, FS_IOC_SETFLAGS, flags)
         return True
     except OSError as err:
