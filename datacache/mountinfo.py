@@ -35,6 +35,7 @@ log = logging.getLogger("datacache_fuse")
 
 MOUNTINFO = "/proc/self/mountinfo"
 DEAD_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
+PROBE_TRIES = 5  # statvfs taken again while the mount at the path keeps changing under it
 
 
 class MountState(enum.Enum):
@@ -135,9 +136,19 @@ def _statvfs(path: str, timeout: float):
 def probe(path: str, timeout: float = 5.0) -> MountState:
     """The state of the FUSE mount at ``path`` (see :class:`MountState`); ``timeout`` in seconds
     bounds the ``statvfs``. A path that is not a FUSE mount (a plain directory, a tmpfs, a missing
-    path) is ``NONE``."""
+    path) is ``NONE``.
+
+    The mount table is read before and after the ``statvfs``; when its top entry changed meanwhile
+    (a dead mount detached, another mounted), the answer came from another file system and the
+    probe is taken again: taken across a lazy unmount, a plain directory's answer passed for LIVE.
+    """
     top = mounted_at(path)
-    res = _statvfs(path, timeout)
+    for _ in range(PROBE_TRIES):
+        res = _statvfs(path, timeout)
+        after = mounted_at(path)
+        if after == top:
+            break
+        top = after
     if isinstance(res, TimeoutError):
         return MountState.HUNG
     if isinstance(res, OSError) and res.errno in DEAD_ERRNOS:

@@ -82,6 +82,28 @@ def test_unmount_removes_a_dead_mount(fuse_env, mountpoint):
     assert os.listdir(mountpoint) == []  # the plain directory again
 
 
+def test_probe_across_a_lazy_unmount_is_not_live(fuse_env, mountpoint, monkeypatch):
+    """A dead mount detached (by a re-mounting supervisor) between the probe's read of the mount
+    table and its statvfs: the plain directory answers the statvfs, yet the probe must not call
+    that LIVE (a JuiceFS re-mount test then read a file of the empty directory: ENOENT)."""
+    import datacache.mountinfo as mountinfo
+
+    pid = mount(fuse_env, mountpoint)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: probe(mountpoint, 2) is MountState.DEAD, 15, "the mount to be dead")
+    real, calls = mountinfo._statvfs, []
+
+    def detached_first(path, timeout):
+        if not calls:
+            mountinfo.lazy_unmount(path)  # the real fusermount3, inside the window
+        calls.append(path)
+        return real(path, timeout)
+
+    monkeypatch.setattr(mountinfo, "_statvfs", detached_first)
+    assert probe(mountpoint, 2) is MountState.NONE
+    assert len(calls) == 2 and not is_listed(mountpoint)
+
+
 def test_unmount_of_a_hung_daemon_returns(fuse_env, mountpoint):
     """A stopped (hung) daemon: unmount must not touch the mount point (a stat would block)."""
     pid = mount(fuse_env, mountpoint)

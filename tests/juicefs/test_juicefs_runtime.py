@@ -166,7 +166,10 @@ def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path, monkeypatc
         wait_for(lambda: mountinfo.probe(mnt, 2.0) is MountState.LIVE and
                  not set(clients) & set(processes_naming(mnt)), 90, "the re-mount")
         assert reader.poll() is None
-        assert _read_all(mnt, train) == _sha(train)
+        try:
+            assert _read_all(mnt, train) == _sha(train)
+        except OSError as err:
+            raise AssertionError(f"{err}; mount output: {(tmp_path / 'mount.out').read_text()}") from err
 
         refused = dc("delete", "dataset", "jfs", ok=False)
         assert refused.returncode == 1 and f"dataset default/jfs is mounted at {mnt}" in refused.stderr
