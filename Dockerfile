@@ -1,6 +1,8 @@
 # One image for the operator, the cache workers, the FUSE sidecars and the DataLoad Jobs.
 #   docker build -t datacache:0.1.0 .
 FROM python:3.11-slim-bookworm AS build
+# gcc: the FUSE request loop's C fast path (datacache_fuse/kernel/_pump.c, called through ctypes)
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY datacache datacache

@@ -3,7 +3,7 @@
 #
 # `system` installs the Debian packages the tests use for real (FUSE's fusermount3, nginx as an
 # HTTP source, OpenSSH for SFTP, rclone and s3fs-fuse as peers, fio for the benchmarks' smoke
-# test) only when one is missing; it needs root (CI runs as root) or password-less sudo. `venv`
+# test, gcc for the FUSE loop's C part) only when one is missing; it needs root (CI runs as root) or password-less sudo. `venv`
 # makes .venv and installs this project with its dev extras, again only when pyproject.toml
 # changed since the last install. `make demo` needs less (fuse3 and the demo extras: a few
 # minutes on a fresh machine); a later `make test` adds the rest.
@@ -13,8 +13,9 @@ PYTHON      ?= python3
 VENV        := .venv
 STAMP       := $(VENV)/.installed
 DEMO_STAMP  := $(VENV)/.installed-demo
-DEB_PACKAGES := fuse3 attr nginx openssh-server sshfs rclone s3fs fio btrfs-progs
-DEMO_DEB_PACKAGES := fuse3
+DEB_PACKAGES := fuse3 gcc libc6-dev attr nginx openssh-server sshfs rclone s3fs fio btrfs-progs
+# gcc, libc6-dev: pip builds the FUSE request loop's C fast path (datacache_fuse/kernel/_pump.c)
+DEMO_DEB_PACKAGES := fuse3 gcc libc6-dev
 # Each long step says what it does before it starts (a silent install looks hung).
 say          = @echo "==> [$$(date +%H:%M:%S)] $(1)"
 

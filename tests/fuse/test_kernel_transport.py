@@ -207,6 +207,31 @@ def test_reads_equal_the_source(mounted, tree):
         assert counts[Op.IOCTL] >= 1
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["c-pump", "python"])
+def test_isatty_of_each_buffered_open_is_answered_enotty(tree, tmp_path, monkeypatch, compiled):
+    """Each buffered ``open()`` asks ``isatty()``: one IOCTL per file, answered ENOTTY by the C
+    pump (never reaching Python) when it was built, else by the Python loop; both count them."""
+    import datacache_fuse.kernel.session as session_module
+    from datacache_fuse.kernel.pump import load
+
+    assert load() is not None, "datacache_fuse.kernel._pump was not built (pip install needs gcc)"
+    if not compiled:
+        monkeypatch.setattr(session_module, "load_pump", lambda: None)
+    root, digests = tree
+    server, _ = serve(root, str(tmp_path / "mnt"), no_open=True)
+    try:
+        names = sorted(n for n in SIZES if SIZES[n] < (1 << 20)) * 5
+        for name in names:
+            with open(os.path.join(server.mountpoint, name), "rb") as f:
+                assert not f.isatty() and sha(f.read()) == digests[name]
+        counts = server.session.counts()
+        assert counts[Op.IOCTL] == 2 * len(names)  # open()'s own isatty() and the test's
+        in_c = sum(p.ioctls for p in server.session._pumps)
+        assert in_c == (counts[Op.IOCTL] if compiled else 0)
+    finally:
+        assert server.stop(timeout=10)
+
+
 def test_parallel_readers(mounted, tree):
     _, mp, _, _ = mounted
     _, digests = tree
