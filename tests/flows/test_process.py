@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import sys
 
-import pytest
-
 from datacache.api.loader import load_resources
 from datacache.control.embedded import ApplyError, Embedded
 from flow_support import doc, local_dataset, write_yaml
