@@ -3,10 +3,10 @@
 #
 # `system` installs the Debian packages the tests use for real (FUSE's fusermount3, nginx as an
 # HTTP source, OpenSSH for SFTP, rclone and s3fs-fuse as peers, fio for the benchmarks' smoke
-# test, gcc for the FUSE loop's C part) only when one is missing; it needs root (CI runs as root) or password-less sudo. `venv`
-# makes .venv and installs this project with its dev extras, again only when pyproject.toml
-# changed since the last install. `make demo` needs less (fuse3 and the demo extras: a few
-# minutes on a fresh machine); a later `make test` adds the rest.
+# test, gcc for the FUSE loop's C part) only when one is missing; it needs root (CI runs as
+# root) or password-less sudo. `venv` makes .venv and installs this project with its dev extras,
+# again only when pyproject.toml changed since the last install. `make demo` needs less (fuse3,
+# gcc and the demo extras: a few minutes on a fresh machine); a later `make test` adds the rest.
 
 SHELL       := /bin/bash
 PYTHON      ?= python3
@@ -59,7 +59,8 @@ system-demo:
 venv: system $(STAMP)
 
 # torch==2.13.0 is the CPU build this machine type carries on disk (for the DataLoader test); an
-# unpinned torch would pull a multi-GB CUDA build. Nothing is compiled: the FUSE mount is pure
+# unpinned torch would pull a multi-GB CUDA build. One small C file is compiled (a second): the
+# FUSE request loop's fast path, fuse/datacache_fuse/kernel/_pump.c; the rest of the mount is
 # Python (fuse/datacache_fuse/kernel speaks the kernel's protocol on /dev/fuse; fuse3 brings
 # fusermount3 for mounts by users other than root).
 $(STAMP): pyproject.toml | system
