@@ -137,3 +137,37 @@ def test_a_file_truncated_under_a_mapped_write_still_gets_its_bytes_by_pwrite(tm
     with open(path, "rb") as f:
         f.seek(4 * MiB)
         assert _sha(f.read()) == _sha(data)
+
+
+def test_whole_huge_folios_are_advised_and_the_holes_between_blocks_stay_holes(tmp_path, monkeypatch):
+    """Blocks that are whole PMD-sized folios are mapped with ``MADV_HUGEPAGE`` (their page cache
+    then reads as fast as a ``write``'s); a block left out between them and a short tail keep
+    their space as written: no hole is allocated by a huge folio's write fault."""
+    import mmap
+
+    huge = extents.huge_folio_bytes()
+    if not huge:
+        pytest.skip("the kernel has no transparent huge pages (no hpage_pmd_size)")
+    advised = []
+
+    class Recording(mmap.mmap):
+        def madvise(self, option, *args):
+            advised.append((len(self), option))
+            return super().madvise(option, *args)
+
+    monkeypatch.setattr(extents.mmap, "mmap", Recording)
+    path, bs = str(tmp_path / "f"), 2 * huge
+    blocks = {0: os.urandom(bs), 2: os.urandom(bs), 3: os.urandom(huge // 2 + 4096)}  # block 1: a hole
+    for index in (3, 0, 2):  # the tail first, as a reader at the end would fill it
+        assert write_range(path, index * bs, blocks[index], 0o600) is True
+    assert advised == [(bs, mmap.MADV_HUGEPAGE)] * 2  # not the tail
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        for index, data in blocks.items():
+            assert _sha(os.pread(fd, len(data), index * bs)) == _sha(data), index
+        assert os.pread(fd, bs, bs) == bytes(bs)
+    finally:
+        os.close(fd)
+    written = sum(len(d) for d in blocks.values())
+    assert written <= os.stat(path).st_blocks * 512 <= written + 64 * 1024  # + the extent tree at most

@@ -37,6 +37,18 @@ DIRECT_CHUNK = 1 << 20
 
 MAPPED_MIN = 1 << 20
 """Bytes: a buffered write at least this long goes through a shared mapping (:func:`_write_mapped`)."""
+THP_PMD_SIZE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
+
+
+@functools.lru_cache(maxsize=1)
+def huge_folio_bytes() -> int:
+    """Bytes of the page cache's PMD-sized folio (2 MiB on x86-64), read from
+    :data:`THP_PMD_SIZE`; 0 when the kernel has no transparent huge pages."""
+    try:
+        with open(THP_PMD_SIZE) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
 
 _bounce = threading.local()
 
@@ -138,6 +150,7 @@ def _write_mapped(path: str, offset: int, view: memoryview, mode: int) -> bool:
         except (OSError, ValueError):  # truncated behind us since the fallocate
             return False
         with mapped:
+            _advise_huge(mapped, offset, len(view))
             anchor = ctypes.c_char.from_buffer(mapped)  # its address; released before the unmap
             try:
                 return _copy_into(ctypes.addressof(anchor), view)
@@ -145,6 +158,22 @@ def _write_mapped(path: str, offset: int, view: memoryview, mode: int) -> bool:
                 del anchor
     finally:
         os.close(fd)
+
+
+def _advise_huge(mapped: mmap.mmap, offset: int, length: int) -> None:
+    """Ask for huge folios (``MADV_HUGEPAGE``) when the mapped range is whole PMD-sized folios.
+    Why: the faults of a plain shared mapping fill the page cache with 4 KiB folios, and a file
+    read from such a page cache ran 7.7-8.5 GB/s where one written by ``write`` ran 9.7-10.4
+    (256 MiB, 1 MiB reads, this project's VM, Linux 6.18 ext4); with the advice, 9.5. The fault
+    path then reads ahead in PMD-sized folios (mm/filemap.c, ``do_sync_mmap_readahead``). Only
+    whole folios: a write fault dirties its whole folio (``block_page_mkwrite``), so a huge one
+    reaching past this range would allocate the neighbouring holes of a sparse cache file."""
+    huge = huge_folio_bytes()
+    if huge and offset % huge == 0 and length % huge == 0:
+        try:
+            mapped.madvise(mmap.MADV_HUGEPAGE)
+        except (OSError, AttributeError):  # THP "never", or no MADV_HUGEPAGE here: 4 KiB folios
+            pass
 
 
 class _IoVec(ctypes.Structure):
