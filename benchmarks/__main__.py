@@ -50,7 +50,7 @@ SIZES = {
     "parquet_reads": (30, 100),
     # A full run's warm epoch (1,500 files) and shard read pass last 0.03-0.2 s each: with the
     # median of 3, two runs of 2026-12-04 on one machine put the same row at 0.51x and 0.67x of
-    # the best peer; 9 passes add about a second a system.
+    # the best peer; 9 passes add 6 such passes per workload and system.
     "repeat": (3, 9),
 }
 

@@ -163,8 +163,8 @@ def _write_mapped(path: str, offset: int, view: memoryview, mode: int) -> bool:
 def _advise_huge(mapped: mmap.mmap, offset: int, length: int) -> None:
     """Ask for huge folios (``MADV_HUGEPAGE``) when the mapped range is whole PMD-sized folios.
     Why: the faults of a plain shared mapping fill the page cache with 4 KiB folios, and a file
-    read from such a page cache ran 7.7-8.5 GB/s where one written by ``write`` ran 9.7-10.4
-    (256 MiB, 1 MiB reads, this project's VM, Linux 6.18 ext4); with the advice, 9.5. The fault
+    read from such a page cache ran 7.6-8.5 GB/s where one written by ``write`` ran 9.3-10.4
+    (256 MiB, 1 MiB reads, this project's VM, Linux 6.18 ext4); with the advice, 9.3-9.5. The fault
     path then reads ahead in PMD-sized folios (mm/filemap.c, ``do_sync_mmap_readahead``). Only
     whole folios: a write fault dirties its whole folio (``block_page_mkwrite``), so a huge one
     reaching past this range would allocate the neighbouring holes of a sparse cache file."""

@@ -29,8 +29,9 @@ struct out_header {
 
 /* Returns the length (bytes) of the next request that is not an IOCTL, or -errno of the read
  * (ENOENT: that request was interrupted; ENODEV: the connection ended). *ioctls counts the
- * IOCTLs answered here. A failed ENOTTY reply is not the caller's business: ENOENT (interrupted)
- * and ENODEV (unmounted) are both seen again by the next read. */
+ * IOCTLs answered here. A failed ENOTTY reply is not reported (the Python loop logs other
+ * errnos than these two): ENOENT (interrupted) needs nothing, ENODEV (unmounted) comes back from
+ * the next read. */
 long dc_pump(int fd, void *buf, size_t size, uint64_t *ioctls)
 {
     for (;;) {

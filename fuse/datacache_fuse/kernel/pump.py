@@ -46,8 +46,8 @@ class Pump:
 
 
 def load() -> Callable[[int, bytearray], Pump] | None:
-    """A factory ``(fd, buf) -> Pump`` when the compiled part loads; None (logged once at debug
-    level) when it was not built (no C compiler at install time)."""
+    """A factory ``(fd, buf) -> Pump`` when the compiled part loads; None (logged at debug level)
+    when it was not built (no C compiler at install time) or does not load."""
     spec = importlib.util.find_spec("datacache_fuse.kernel._pump")
     if spec is None or not spec.origin:
         log.debug("datacache_fuse.kernel._pump was not built: every request is read by Python")

@@ -21,8 +21,9 @@ go-fuse's ``fuse/server.go`` (one struct per opcode, a read buffer per reader).
   operations keep the default ``ioctl`` (Python < 3.14's buffered ``open()`` asks ``isatty()`` of
   every file): by the compiled :mod:`.pump` when it was built, which reads ``/dev/fuse`` without
   the GIL and hands Python only the other requests (a page-cache-hot file of a no-open mount then
-  costs no Python: 14.6k -> 25.5k files/s in the JPEG warm epoch of ``python -m benchmarks``),
-  else by the Python loop; errors become errnos in :mod:`.errnos`; an unexpected
+  costs no Python: ``benchmarks.native_floor``, runs alternating with and without it, 28-41k
+  against 28-33k files/s, daemon CPU a pass 0.02-0.05 s against 0.05-0.08 s), else by the Python
+  loop; errors become errnos in :mod:`.errnos`; an unexpected
   exception is logged and answered EIO. FORGET, BATCH_FORGET and INTERRUPT get no reply (the
   handlers are synchronous and short, so an interrupt needs no action).
 - **End**: the workers end when the kernel ends the connection (unmount: reads fail with ENODEV)
