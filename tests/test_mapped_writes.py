@@ -140,9 +140,10 @@ def test_a_file_truncated_under_a_mapped_write_still_gets_its_bytes_by_pwrite(tm
 
 
 def test_whole_huge_folios_are_advised_and_the_holes_between_blocks_stay_holes(tmp_path, monkeypatch):
-    """Blocks that are whole PMD-sized folios are mapped with ``MADV_HUGEPAGE`` (their page cache
-    then reads as fast as a ``write``'s); a block left out between them and a short tail keep
-    their space as written: no hole is allocated by a huge folio's write fault."""
+    """The whole PMD-sized folios of a block are mapped with ``MADV_HUGEPAGE`` (their page cache
+    then reads as fast as a ``write``'s), a file's last block up to its last whole folio; a block
+    left out between them and the tails keep their space as written: no hole is allocated by a
+    huge folio's write fault."""
     import mmap
 
     huge = extents.huge_folio_bytes()
@@ -152,15 +153,21 @@ def test_whole_huge_folios_are_advised_and_the_holes_between_blocks_stay_holes(t
 
     class Recording(mmap.mmap):
         def madvise(self, option, *args):
-            advised.append((len(self), option))
+            advised.append((len(self), option, *args))
             return super().madvise(option, *args)
 
     monkeypatch.setattr(extents.mmap, "mmap", Recording)
     path, bs = str(tmp_path / "f"), 2 * huge
-    blocks = {0: os.urandom(bs), 2: os.urandom(bs), 3: os.urandom(huge // 2 + 4096)}  # block 1: a hole
-    for index in (3, 0, 2):  # the tail first, as a reader at the end would fill it
+    tail = huge + huge // 2 + 4096  # one whole folio and a piece
+    blocks = {0: os.urandom(bs), 2: os.urandom(bs), 3: os.urandom(tail)}  # block 1: a hole
+    for index in (3, 0, 2):  # the last block first, as a reader at the end would fill it
         assert write_range(path, index * bs, blocks[index], 0o600) is True
-    assert advised == [(bs, mmap.MADV_HUGEPAGE)] * 2  # not the tail
+    assert advised == [(tail, mmap.MADV_HUGEPAGE, 0, huge)] + [(bs, mmap.MADV_HUGEPAGE, 0, bs)] * 2
+    advised.clear()
+    assert write_range(str(tmp_path / "g"), 0, os.urandom(huge - 4096), 0o600) is True
+    assert advised == []  # shorter than a folio: no advice
+    assert write_range(str(tmp_path / "h"), huge // 2, os.urandom(2 * huge), 0o600) is True
+    assert advised == [(2 * huge, mmap.MADV_HUGEPAGE, huge // 2, huge)]  # the one whole folio inside
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
