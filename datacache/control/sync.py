@@ -81,8 +81,8 @@ def sync_manifest(files: Iterable[FileEntry | SkippedLink], manifest_path: str, 
             os.replace(runs[0], new_path)
         else:
             _merge_runs(runs, new_path, batch_rows, dropped)
-        os.chmod(new_path, 0o600)
         shadowed, shadowed_paths = _drop_shadowed(new_path, work, batch_rows)
+        os.chmod(new_path, 0o600)  # after _drop_shadowed, which may write it anew
         with syncmark.manifest_write(directory):  # the diff is against the manifest it replaces
             old = _path_versions(manifest_path) if os.path.exists(manifest_path) else iter(())
             diff = diff_batches(old, _path_versions(new_path), out=os.path.join(work, DIFF_FILE))

@@ -85,6 +85,7 @@ def test_a_file_shadowed_by_a_directory_of_the_same_name_is_left_out(tmp_path, s
     diff = sync_manifest(iter(listing), target, batch_rows=100)
 
     stored = Manifest.load(target)
+    assert os.stat(target).st_mode & 0o777 == 0o600  # rewritten without the shadowed rows, still private
     assert [e.path for e in stored] == sorted(visible)
     assert diff.counts == (len(visible), 0, 0) and diff.shadowed == 3 and diff.shadowed_paths == ("a", "x", "x/z")
     assert stored.lookup("x") is None and stored.is_dir("x") and stored.listdir("")["x"] is None
