@@ -290,6 +290,20 @@ class Mounts:
         mount.log = state.get("log", "")
         return mount
 
+    def datacache_uring(self, label: str, home: str, mountpoint: str, read_mode: str = "auto") -> Mount:
+        """:meth:`datacache` with ``-o io_uring`` (FUSE over io_uring, one ring queue per CPU), the
+        fuse module's ``enable_uring`` turned on for its INIT and back after. Raises ``OSError``
+        where the kernel or this user cannot set it, RuntimeError when the daemon did not start its
+        ring queues (its log says why)."""
+        from datacache_fuse.kernel.ring_queue import enable_uring_while
+
+        with enable_uring_while():
+            mount = self.datacache(label, home, mountpoint, read_mode, options=("io_uring",))
+        with open(mount.log, encoding="utf-8") as f:
+            if "FUSE over io_uring:" not in f.read():
+                raise RuntimeError(f"{label}: the daemon did not start its ring queues; see {mount.log}")
+        return mount
+
     def rclone(self, label: str, remote: str, mountpoint: str, config: str, endpoint: str, cache_dir: str,
                logfile: str, timeout: float = 60.0) -> Mount:
         os.makedirs(mountpoint, exist_ok=True)
@@ -587,19 +601,12 @@ class FuseReadBench:
         """The SSD runtime mounted no-open with ``-o io_uring`` (FUSE over io_uring, one ring
         queue per CPU), the fuse module's ``enable_uring`` turned on for its INIT and back after;
         None (with a note) where the kernel or this user cannot."""
-        from datacache_fuse.kernel.ring_queue import enable_uring_while
-
         label = f"datacache mount [{self.ssd_label}, no-open, -o io_uring]"
         try:
-            with enable_uring_while():
-                mount = self.mounts.datacache(label, home, env.path("mnt-uring"), "no-open", options=("io_uring",))
+            return self.mounts.datacache_uring(label, home, env.path("mnt-uring"), "no-open")
         except OSError as err:
             self.notes.append(f"no io_uring row: the fuse module's enable_uring cannot be set ({err})")
             return None
-        with open(mount.log, encoding="utf-8") as f:
-            if "FUSE over io_uring:" not in f.read():
-                raise RuntimeError(f"{label}: the daemon did not start its ring queues; see {mount.log}")
-        return mount
 
     def run_mounted(self, env: DemoEnvironment, home_ssd: str, home_mem: str) -> None:
         args, log = self.args, self.log

@@ -31,6 +31,7 @@ from typing import Callable
 
 from datacache_fuse.kernel import abi
 from datacache_fuse.kernel.operations import Request
+from datacache_fuse.kernel.pump import RingPump, load_ring
 from datacache_fuse.kernel.uring import Ring
 
 log = logging.getLogger("datacache_fuse")
@@ -103,9 +104,9 @@ def possible_cpus() -> list[int]:
 class RingQueue:
     """Queue ``qid`` of a FUSE connection (``fd``: its ``/dev/fuse`` descriptor) with ``depth``
     entries of ``payload_size`` bytes, answered by ``answer(opcode, nodeid, body, request)`` ->
-    ``(0 or -errno, [payload parts])``; ``counter`` counts requests by opcode. :meth:`run` is
-    the thread's body; it returns when the connection ends (the entries complete with
-    ENOTCONN)."""
+    ``(0 or -errno, [payload parts])``; ``counter`` counts requests by opcode (but for the IOCTLs
+    that the compiled loop answers: :attr:`ioctls`). :meth:`run` is the thread's body; it returns
+    when the connection ends (the entries complete with ENOTCONN)."""
 
     def __init__(self, fd: int, qid: int, answer: Callable, counter, *, depth: int = 2,
                  payload_size: int = 1 << 20, name: str = "fuse", ioctl_enotty: bool = False):
@@ -117,6 +118,8 @@ class RingQueue:
         self.name = name
         self.ready = threading.Event()
         self.error: OSError | None = None
+        self._new_pump = load_ring() if ioctl_enotty else None  # IOCTLs answered in C when it was built
+        self._pump: RingPump | None = None
 
     def run(self) -> None:
         try:
@@ -134,41 +137,57 @@ class RingQueue:
             for i, e in enumerate(entries):
                 ring.uring_cmd(self.fd, CMD_REGISTER, _CMD.pack(0, 0, self.qid), i, ctypes.addressof(e.iov), 2)
             ring.submit_and_wait(0)
+            if self._new_pump is not None:
+                self._pump = self._new_pump(ring, self.fd, self.qid, [ctypes.addressof(e.header) for e in entries],
+                                            [ctypes.addressof(e.iov) for e in entries])
             self.ready.set()
             self._serve(ring, entries)
         finally:
             ring.close()
 
+    @property
+    def ioctls(self) -> int:
+        """IOCTL requests answered by the compiled loop (not in :attr:`counter`)."""
+        return self._pump.ioctls if self._pump is not None else 0
+
     def _serve(self, ring: Ring, entries: list[_Entry]) -> None:
         live = len(entries)
-        unpack_in, ent, counter = abi.IN_HEADER.unpack_from, _ENT.unpack_from, self.counter
-        hsize = abi.IN_HEADER.size
+        if self._pump is not None:
+            pump = self._pump.next
+            while live:
+                live -= not self._handle(ring, entries, *pump())
+            return
         while live:
             for index, res in ring.submit_and_wait(1):
-                if res < 0:
-                    if -res not in _ENDED:
-                        log.error("%s: queue %d entry %d failed: %s", self.name, self.qid, index, os.strerror(-res))
-                    live -= 1
-                    continue
-                e = entries[index]
-                hv = e.hv
-                length, opcode, unique, nodeid, uid, gid, pid, _, _ = unpack_in(hv)
-                _, commit_id, payload_sz = ent(hv, ENT_IN_OUT)
-                counter[opcode] += 1
-                if opcode == _IOCTL and self._ioctl_enotty:
-                    self._commit(ring, e, index, commit_id, unique, -errno.ENOTTY, ())
-                    continue
-                try:
-                    fixed = length - hsize - payload_sz
-                    body = bytes(hv[OP_IN:OP_IN + fixed]) + bytes(e.pv[:payload_sz]) if payload_sz else \
-                        hv[OP_IN:OP_IN + fixed]
-                    answer = self._answer(opcode, nodeid, body, Request(uid, gid, pid))
-                    error, parts = answer if answer is not None else (0, ())
-                except Exception:  # noqa: BLE001 - an entry left unanswered would hang its caller
-                    log.exception("%s: queue %d: request %d (opcode %d) failed; answering EIO",
-                                  self.name, self.qid, unique, opcode)
-                    error, parts = -errno.EIO, ()
-                self._commit(ring, e, index, commit_id, unique, error, parts)
+                live -= not self._handle(ring, entries, index, res)
+
+    def _handle(self, ring: Ring, entries: list[_Entry], index: int, res: int) -> bool:
+        """Answer the request completed in entry ``index`` (``res``: 0 or -errno) and queue its
+        commit; False when the entry is done (the connection ended, or it failed)."""
+        if res < 0:
+            if -res not in _ENDED:
+                log.error("%s: queue %d entry %d failed: %s", self.name, self.qid, index, os.strerror(-res))
+            return False
+        e = entries[index]
+        hv = e.hv
+        length, opcode, unique, nodeid, uid, gid, pid, _, _ = abi.IN_HEADER.unpack_from(hv)
+        _, commit_id, payload_sz = _ENT.unpack_from(hv, ENT_IN_OUT)
+        self.counter[opcode] += 1
+        if opcode == _IOCTL and self._ioctl_enotty:
+            self._commit(ring, e, index, commit_id, unique, -errno.ENOTTY, ())
+            return True
+        try:
+            fixed = length - abi.IN_HEADER.size - payload_sz
+            body = bytes(hv[OP_IN:OP_IN + fixed]) + bytes(e.pv[:payload_sz]) if payload_sz else \
+                hv[OP_IN:OP_IN + fixed]
+            answer = self._answer(opcode, nodeid, body, Request(uid, gid, pid))
+            error, parts = answer if answer is not None else (0, ())
+        except Exception:  # noqa: BLE001 - an entry left unanswered would hang its caller
+            log.exception("%s: queue %d: request %d (opcode %d) failed; answering EIO",
+                          self.name, self.qid, unique, opcode)
+            error, parts = -errno.EIO, ()
+        self._commit(ring, e, index, commit_id, unique, error, parts)
+        return True
 
     def _commit(self, ring: Ring, e: _Entry, index: int, commit_id: int, unique: int, error: int, parts) -> None:
         size = 0

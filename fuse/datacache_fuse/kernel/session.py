@@ -349,7 +349,7 @@ class Session:
         total: collections.Counter = collections.Counter()
         for c in self._counters:
             total.update({Op(k) if k in Op._value2member_map_ else k: v for k, v in c.items()})
-        total[Op.IOCTL] += sum(p.ioctls for p in self._pumps)
+        total[Op.IOCTL] += sum(p.ioctls for p in self._pumps) + sum(q.ioctls for q in self.rings)
         return +total
 
     # -- notifications ---------------------------------------------------------------------------

@@ -37,6 +37,18 @@ _PARAMS = struct.Struct("=7I3I" + "8IQ" + "8IQ")  # io_uring_params with io_sqri
 SQE_HEAD = struct.Struct("=BBHiIIQIIQHHI")
 CMD_OFFSET = 48
 
+class RingState(ctypes.Structure):
+    """A ring's shared state, the layout of ``struct dc_ring`` in :file:`_pump.c`: the mapped
+    ring's fields (addresses) and the ring's own bookkeeping, ``tail`` (the next SQ tail) and
+    ``pending`` (SQEs queued, not yet submitted), updated by :class:`Ring` and by the C loop
+    alike (from the ring's one thread)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("sq_head", "sq_tail", "sq_array", "cq_head", "cq_tail",
+                                                       "sqes", "cqes")] + \
+        [("sq_mask", ctypes.c_uint32), ("sq_entries", ctypes.c_uint32), ("cq_mask", ctypes.c_uint32),
+         ("fd", ctypes.c_int32), ("tail", ctypes.c_uint32), ("pending", ctypes.c_uint32)]
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
@@ -80,8 +92,12 @@ class Ring:
         self._cq_head, self._cq_tail, self._cqes = cq[0], cq[1], cq[5]
         self._cq_mask = struct.unpack_from("=I", self._cq_map, cq[2])[0]
         self.sq_entries = sq_entries
-        self._tail = struct.unpack_from("=I", self._sq_map, self._sq_tail)[0]
-        self._pending = 0  # SQEs written, not yet submitted
+        # The maps' addresses, for the C loop (anchors dropped by close(): an mmap with exports cannot close)
+        self._anchors = [ctypes.c_char.from_buffer(m) for m in (self._sq_map, self._sqes)]
+        ring, sqes = (ctypes.addressof(a) for a in self._anchors)
+        self.state = RingState(ring + self._sq_head, ring + self._sq_tail, ring + self._sq_array, ring + self._cq_head,
+                               ring + self._cq_tail, sqes, ring + self._cqes, self._sq_mask, sq_entries,
+                               self._cq_mask, fd, struct.unpack_from("=I", self._sq_map, self._sq_tail)[0], 0)
 
     def _map(self, size: int, offset: int) -> mmap.mmap:
         return mmap.mmap(self.fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
@@ -91,25 +107,27 @@ class Ring:
         """Queue an ``IORING_OP_URING_CMD`` on ``fd`` (its command area: ``cmd``, at most 80 bytes);
         sent by the next :meth:`submit_and_wait`. Raises ``OSError(EBUSY)`` when the SQ is full."""
         head = struct.unpack_from("=I", self._sq_map, self._sq_head)[0]
-        if self._tail - head >= self.sq_entries:
+        state = self.state
+        if (state.tail - head) & 0xFFFFFFFF >= self.sq_entries:
             raise OSError(errno.EBUSY, "io_uring submission queue full")
-        index = self._tail & self._sq_mask
+        index = state.tail & self._sq_mask
         base = index * SQE_SIZE
         SQE_HEAD.pack_into(self._sqes, base, OP_URING_CMD, 0, 0, fd, cmd_op, 0, addr, length, 0, user_data, 0, 0, 0)
         self._sqes[base + CMD_OFFSET:base + SQE_SIZE] = cmd.ljust(SQE_SIZE - CMD_OFFSET, b"\0")  # every SQE byte set
         struct.pack_into("=I", self._sq_map, self._sq_array + 4 * index, index)
-        self._tail = (self._tail + 1) & 0xFFFFFFFF
-        struct.pack_into("=I", self._sq_map, self._sq_tail, self._tail)
-        self._pending += 1
+        state.tail = (state.tail + 1) & 0xFFFFFFFF
+        struct.pack_into("=I", self._sq_map, self._sq_tail, state.tail)
+        state.pending += 1
 
     def submit_and_wait(self, wait: int = 1) -> list[tuple[int, int]]:
         """Submit what is queued and wait for at least ``wait`` completions (the GIL is released
         while waiting); returns every completion ready, ``[(user_data, res), ...]``. Raises
         ``OSError`` from ``io_uring_enter`` (EINTR is retried)."""
         while True:
-            done = _syscall(NR_ENTER, self.fd, self._pending, wait, ENTER_GETEVENTS, None, 0)
+            state = self.state
+            done = _syscall(NR_ENTER, self.fd, state.pending, wait, ENTER_GETEVENTS, None, 0)
             if done >= 0:
-                self._pending -= min(done, self._pending)
+                state.pending -= min(done, state.pending)
                 break
             err = ctypes.get_errno()
             if err != errno.EINTR:
@@ -129,6 +147,7 @@ class Ring:
         return out
 
     def close(self) -> None:
+        self._anchors.clear()
         for m in {id(m): m for m in (self._sq_map, self._cq_map, self._sqes)}.values():
             m.close()
         os.close(self.fd)
