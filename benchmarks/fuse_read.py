@@ -290,19 +290,20 @@ class Mounts:
         mount.log = state.get("log", "")
         return mount
 
-    def datacache_uring(self, label: str, home: str, mountpoint: str, read_mode: str = "auto") -> Mount:
+    def datacache_uring(self, label: str, home: str, mountpoint: str, read_mode: str = "auto") -> tuple[Mount, str]:
         """:meth:`datacache` with ``-o io_uring`` (FUSE over io_uring, one ring queue per CPU), the
-        fuse module's ``enable_uring`` turned on for its INIT and back after. Raises ``OSError``
-        where the kernel or this user cannot set it, RuntimeError when the daemon did not start its
-        ring queues (its log says why)."""
+        fuse module's ``enable_uring`` turned on for its INIT and back after: ``(mount, problem)``,
+        ``problem`` "" when the daemon serves its ring queues, else why it serves through
+        ``/dev/fuse`` (the mount is up either way). Raises ``OSError`` where the kernel or this
+        user cannot set the switch (nothing mounted)."""
         from datacache_fuse.kernel.ring_queue import enable_uring_while
 
         with enable_uring_while():
             mount = self.datacache(label, home, mountpoint, read_mode, options=("io_uring",))
         with open(mount.log, encoding="utf-8") as f:
-            if "FUSE over io_uring:" not in f.read():
-                raise RuntimeError(f"{label}: the daemon did not start its ring queues; see {mount.log}")
-        return mount
+            if "FUSE over io_uring:" in f.read():
+                return mount, ""
+        return mount, f"{label}: the daemon did not start its ring queues (see {mount.log}): it serves through /dev/fuse"
 
     def rclone(self, label: str, remote: str, mountpoint: str, config: str, endpoint: str, cache_dir: str,
                logfile: str, timeout: float = 60.0) -> Mount:
@@ -603,10 +604,13 @@ class FuseReadBench:
         None (with a note) where the kernel or this user cannot."""
         label = f"datacache mount [{self.ssd_label}, no-open, -o io_uring]"
         try:
-            return self.mounts.datacache_uring(label, home, env.path("mnt-uring"), "no-open")
+            mount, problem = self.mounts.datacache_uring(label, home, env.path("mnt-uring"), "no-open")
         except OSError as err:
             self.notes.append(f"no io_uring row: the fuse module's enable_uring cannot be set ({err})")
             return None
+        if problem:  # the row would be mislabelled
+            raise RuntimeError(problem)
+        return mount
 
     def run_mounted(self, env: DemoEnvironment, home_ssd: str, home_mem: str) -> None:
         args, log = self.args, self.log

@@ -292,11 +292,12 @@ class DatacacheFuse(Datacache):
         # Mounted before its warmup: the daemons and `datacache warmup` share the SSD tier.
         home = self.new_home()
         try:
-            self.mount = self.mounts.datacache_uring(self.name, home, self.dir("mnt"), read_mode="no-open")
+            self.mount, problem = self.mounts.datacache_uring(self.name, home, self.dir("mnt"), read_mode="no-open")
         except OSError as err:
-            print(f"{self.slug}: the fuse module's enable_uring cannot be set ({err}): the JPEG mount serves "
-                  "through /dev/fuse", file=sys.stderr)
+            problem = f"{self.slug}: the fuse module's enable_uring cannot be set ({err}): the JPEG mount serves through /dev/fuse"
             self.mount = self.mounts.datacache(self.name, home, self.dir("mnt"), read_mode="no-open")
+        if problem:
+            print(problem, file=sys.stderr)
         self.large_mount = self.mounts.datacache(f"{self.name} (passthrough)", home, self.dir("mnt-pt"),
                                                  read_mode="passthrough")
         sub = "" if self.source == "s3" else self.mount_path
