@@ -62,10 +62,10 @@ class RingPump:
     completion. ``headers`` and ``iovs``: each registered entry's header buffer and iovec pair
     addresses, by entry index (the buffers must outlive the pump)."""
 
-    __slots__ = ("_call", "_ring", "_state", "_queue", "_arrays", "_ioctls", "_res")
+    __slots__ = ("_call", "_state", "_queue", "_arrays", "_ioctls", "_res")
 
     def __init__(self, call, ring: Ring, fuse_fd: int, qid: int, headers: Sequence[int], iovs: Sequence[int]):
-        self._call, self._ring, self._state = call, ring, ring.state  # the ring's state must outlive the calls
+        self._call, self._state = call, ring.state  # the ring's shared state (addresses and bookkeeping)
         n = len(headers)
         self._arrays = ((ctypes.c_void_p * n)(*headers), (ctypes.c_void_p * n)(*iovs))
         self._queue = _Queue(fuse_fd, qid, n, ctypes.cast(self._arrays[0], ctypes.POINTER(ctypes.c_void_p)),

@@ -37,6 +37,7 @@ _PARAMS = struct.Struct("=7I3I" + "8IQ" + "8IQ")  # io_uring_params with io_sqri
 SQE_HEAD = struct.Struct("=BBHiIIQIIQHHI")
 CMD_OFFSET = 48
 
+
 class RingState(ctypes.Structure):
     """A ring's shared state, the layout of ``struct dc_ring`` in :file:`_pump.c`: the mapped
     ring's fields (addresses) and the ring's own bookkeeping, ``tail`` (the next SQ tail) and
