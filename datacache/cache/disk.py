@@ -97,11 +97,13 @@ files filled the device). A full device fails more than a write: the index's WAL
 (``index.db-shm``) is a shared mapping, and a page of it that the file system cannot allocate
 (btrfs copy-on-write on a full device) is a SIGBUS in SQLite."""
 ROOM_LAG_S = 30.0
-"""Seconds after an eviction for :data:`FREE_SPACE_RATIO` that did not show in ``statvfs``
-during which a put that finds the device short is skipped, not met with more eviction: btrfs
-frees the space of punched and unlinked extents at its next transaction commit (mount option
-``commit``, 30 s by default), and until then ``statvfs`` shows the device as full as before;
-evicting on every put drained a 200 MiB btrfs tier to 13 MiB in 10 s."""
+"""Seconds after an eviction for :data:`FREE_SPACE_RATIO` during which the tier trusts the room it
+saw then (its bytes on the device plus what ``statvfs`` showed free beyond the ratio) when
+``statvfs`` now shows less: btrfs frees the space of punched and unlinked extents at its next
+transaction commit (mount option ``commit``, 30 s by default, or sooner when a write needs the
+space), and until then ``statvfs`` shows the device as full as before. Judged by ``statvfs``
+alone, every put evicted a block and then found no room for its own: 16 threads drained a 200 MiB
+btrfs tier to 0-7 blocks in 5 s. A write that meets ENOSPC ends the trust at once."""
 FILES = "files"  # subdirectory of the cache files
 INDEX = "index.db"  # the index of a cache directory: where it is, a disk tier has used the directory
 _INDEX_FILES = (INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal")
@@ -239,7 +241,7 @@ class DiskTier:
         self.lost = 0
         self.orphans_removed = 0
         self.full_bypasses = 0
-        self._made_room_at = -ROOM_LAG_S  # time.monotonic() of the last eviction for room that did not show
+        self._room_seen = (-ROOM_LAG_S, 0)  # (time.monotonic(), room in bytes) at the last eviction for room
         self._writing = 0  # bytes of the blocks this instance's puts reserved and are writing
         self.write_errors = 0
         self.healthy = True
@@ -714,15 +716,12 @@ class DiskTier:
                     short = self._shortfall(size)
                     if attempt == 2 or short:  # the device filled (or would) before the quota
                         self.full_bypasses += 1
-                        lagging = attempt == 1 and time.monotonic() - self._made_room_at < ROOM_LAG_S
-                        if short > self.used() or lagging:  # eviction would not do, or has not shown yet
+                        used = self.used()
+                        if short > used:  # eviction would not do: other files filled the device
                             return False
-                        free, used, writing = self._free(), self.used(), self._writing
-                        self._evict_to(min(self._low, used) - max(short, size))
+                        self._room_seen = (time.monotonic(), used + size - short)
+                        self._evict_to(min(self._low, used) - max(short, size), writing=False)
                         if self._shortfall(size):
-                            # Puts in flight may have taken at most ``writing`` of what was freed.
-                            if self._free() - free + writing < (used - self.used()) / 2:  # not shown yet
-                                self._made_room_at = time.monotonic()
                             return False
                     reserved = self._reserve(file, index, size)
                     if isinstance(reserved, tuple):
@@ -743,8 +742,10 @@ class DiskTier:
                 except OSError as err:
                     with self._exclusive():
                         self._unreserve(file, index, path, offset, size, token)
-                    if attempt == 1 and _is_full(err):
-                        continue
+                    if _is_full(err):
+                        self._room_seen = (-ROOM_LAG_S, 0)  # the room seen was not there
+                        if attempt == 1:
+                            continue
                     raise
                 digest = checksum(data)
                 with self._exclusive():
@@ -758,6 +759,7 @@ class DiskTier:
                 return False
             if _is_full(err):  # still full, or the index could not grow: skip it, stay healthy
                 self.full_bypasses += 1
+                self._room_seen = (-ROOM_LAG_S, 0)
             else:
                 self._mark_unhealthy(err)
         return False
@@ -766,18 +768,18 @@ class DiskTier:
         """Bytes missing on the device for ``size`` more, besides the blocks this instance's puts
         have reserved and are still writing (``statvfs`` does not count them yet: 16 puts at once
         left a 64 MiB tmpfs full), with :data:`FREE_SPACE_RATIO` of it left free (``statvfs`` of
-        the tier's directory); 0 when there is room, or the file system reports no size (ramfs:
-        0 blocks)."""
+        the tier's directory); within :data:`ROOM_LAG_S` of an eviction for room, no more than
+        ``size`` beyond the room seen then. 0 when there is room, or the file system reports no
+        size (ramfs: 0 blocks)."""
         st = os.statvfs(self.path)
         if st.f_blocks == 0:
             return 0
-        return max(0, int(FREE_SPACE_RATIO * st.f_blocks * st.f_frsize) + self._writing + size
-                   - st.f_bavail * st.f_frsize)
-
-    def _free(self) -> int:
-        """Bytes free on the tier's device for unprivileged writes (``statvfs``)."""
-        st = os.statvfs(self.path)
-        return st.f_bavail * st.f_frsize
+        short = max(0, int(FREE_SPACE_RATIO * st.f_blocks * st.f_frsize) + self._writing + size
+                    - st.f_bavail * st.f_frsize)
+        seen_at, room = self._room_seen
+        if short and time.monotonic() - seen_at < ROOM_LAG_S:  # frees of that eviction may not show yet
+            short = min(short, max(0, self.used() + size - room))
+        return short
 
     def _reserve(self, file: str, index: int, size: int) -> tuple[str, int, float] | bool:
         """Under the lock: insert block ``index`` of ``file`` as pending (empty checksum), after
@@ -867,29 +869,34 @@ class DiskTier:
 
     # -- removing ------------------------------------------------------------------------------------
 
-    def _eviction_order(self):
+    def _eviction_order(self, writing: bool):
         """Eviction candidates, least worth keeping first: ``(file, index, size, exposed)`` of each
         stored block, least recently used first (the access times :meth:`flush_accesses` wrote),
-        or in the order :attr:`rank_victims` gives them. The one place that ranks eviction."""
+        or in the order :attr:`rank_victims` gives them; with ``writing``, blocks that puts
+        reserved and are writing too (younger reservations are gone only from
+        ``ORPHAN_GRACE_S`` on otherwise). The one place that ranks eviction."""
         cursor = self._db.execute("SELECT b.file, b.idx, b.size, f.exposed FROM blocks b JOIN files f "
-                                  "ON f.file = b.file ORDER BY b.atime")
+                                  "ON f.file = b.file WHERE ? OR b.digest != '' OR b.atime < ? ORDER BY b.atime",
+                                  (writing, time.time() - ORPHAN_GRACE_S))
         try:
             lru = (row for batch in iter(lambda: cursor.fetchmany(256), []) for row in batch)
             yield from lru if self.rank_victims is None else self.rank_victims(lru)
         finally:
             cursor.close()
 
-    def _evict_to(self, target: int) -> None:
+    def _evict_to(self, target: int, writing: bool = True) -> None:
         """Evict blocks in :meth:`_eviction_order` until ``used() <= target`` (under the lock): a
         file handed out whole goes whole (unlinked), other blocks one at a time (holes punched).
-        Not more: the low watermark is a floor, not a suggestion to empty the tier."""
+        Not more: the low watermark is a floor, not a suggestion to empty the tier. Not blocks
+        being written unless ``writing`` (the quota counts them; making room on a device must
+        not: the bytes of such a block land on it all the same, uncounted)."""
         self.flush_accesses()  # this process's recent uses count
         excess = self.used() - target
         if excess <= 0:
             return
         doomed: dict[str, list[int] | None] = {}
         freed = 0
-        for file, index, size, exposed in self._eviction_order():
+        for file, index, size, exposed in self._eviction_order(writing):
             if freed >= excess:
                 break
             if exposed:
