@@ -19,6 +19,7 @@ import functools
 import mmap
 import os
 import threading
+from collections.abc import Callable
 
 import xxhash
 
@@ -95,7 +96,8 @@ def read_pieces(fd: int, offset: int, size: int) -> tuple[PieceBlock, str]:
     return PieceBlock(tuple(pieces)), digest.hexdigest()
 
 
-def write_range(path: str, offset: int, data: bytes | memoryview, mode: int, direct: bool = False) -> bool:
+def write_range(path: str, offset: int, data: bytes | memoryview, mode: int, direct: bool = False,
+                allocated: Callable[[], None] | None = None) -> bool:
     """Write ``data`` at ``offset`` of the file at ``path`` (created with ``mode`` if missing; the
     range before it stays a hole). With ``direct`` its :data:`DIRECT_ALIGN`-aligned part goes
     around the page cache (``O_DIRECT``, as the kernel's cachefiles writes its cache), the rest
@@ -103,7 +105,9 @@ def write_range(path: str, offset: int, data: bytes | memoryview, mode: int, dir
     pays for filling it (on this project's VMs, first touches of free memory cost ~3 ms a MB).
     Returns False when ``direct`` was asked and the file system refuses ``O_DIRECT`` (EINVAL:
     ramfs, some network and FUSE file systems): the whole range is then written through the
-    page cache. Raises ``OSError`` (ENOSPC on a full device)."""
+    page cache. ``allocated`` is called once the file system has allocated the whole range
+    (``statvfs`` counts it from then on) while bytes remain to be copied, if it does. Raises
+    ``OSError`` (ENOSPC on a full device)."""
     view = memoryview(data).cast("B")
     aligned = len(view) - len(view) % DIRECT_ALIGN if direct and offset % DIRECT_ALIGN == 0 else 0
     refused = False
@@ -115,7 +119,7 @@ def write_range(path: str, offset: int, data: bytes | memoryview, mode: int, dir
             if err.errno != errno.EINVAL:
                 raise
             refused = True
-    if len(view) >= MAPPED_MIN and offset % mmap.PAGESIZE == 0 and _write_mapped(path, offset, view, mode):
+    if len(view) >= MAPPED_MIN and offset % mmap.PAGESIZE == 0 and _write_mapped(path, offset, view, mode, allocated):
         return not refused
     if view:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode)
@@ -128,7 +132,8 @@ def write_range(path: str, offset: int, data: bytes | memoryview, mode: int, dir
     return not refused
 
 
-def _write_mapped(path: str, offset: int, view: memoryview, mode: int) -> bool:
+def _write_mapped(path: str, offset: int, view: memoryview, mode: int,
+                  allocated: Callable[[], None] | None = None) -> bool:
     """``view`` at ``offset`` (page-aligned) of ``path`` through a shared mapping of the range:
     its space allocated first (``fallocate``: the file grows, never shrinks; ENOSPC is raised
     here), then the bytes copied in by the kernel (:func:`_copy_into`), without the GIL.
@@ -145,6 +150,8 @@ def _write_mapped(path: str, offset: int, view: memoryview, mode: int) -> bool:
             if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 return False
             raise OSError(err, os.strerror(err), path)
+        if allocated is not None:
+            allocated()
         try:
             mapped = mmap.mmap(fd, len(view), offset=offset)  # MAP_SHARED, read and write
         except (OSError, ValueError):  # truncated behind us since the fallocate
@@ -286,6 +293,30 @@ def copy_on_write(directory: str, enabled: bool) -> bool:
         if err.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS, errno.EPERM):
             return False
         raise
+    finally:
+        os.close(fd)
+
+
+BTRFS_IOC_START_SYNC, BTRFS_IOC_WAIT_SYNC = 0x80089418, 0x40089416  # linux/btrfs.h, _IOR/_IOW(0x94, 24/22, __u64)
+
+
+def commit_frees(directory: str) -> bool:
+    """Have the file system of ``directory`` commit its running transaction and wait for it
+    (btrfs's ``BTRFS_IOC_START_SYNC`` + ``BTRFS_IOC_WAIT_SYNC``, as ``btrfs filesystem sync``
+    without writing back dirty data): btrfs shows the space of unlinked files and punched
+    ranges in ``statvfs`` only once the transaction that freed it commits. True when it did;
+    False where the file system has no such call (ENOTTY, EINVAL, EOPNOTSUPP) or it failed."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        transid = array.array("Q", [0])
+        fcntl.ioctl(fd, BTRFS_IOC_START_SYNC, transid, True)
+        fcntl.ioctl(fd, BTRFS_IOC_WAIT_SYNC, transid, False)
+        return True
+    except OSError:
+        return False
     finally:
         os.close(fd)
 
