@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from datacache.cache.disk import DiskTier
-from datacache.cache.extents import FS_IOC_GETFLAGS, FS_NOCOW_FL
+from datacache.cache.extents import FS_IOC_GETFLAGS, FS_NOCOW_FL, commit_frees
 
 _FILL = """
 import hashlib, os, sys, threading, time
@@ -37,7 +37,7 @@ for t in threads: t.start()
 for t in threads: t.join()
 kept = [k for k in tier.keys() if tier.get(k) is not None]
 wrong = sum(hashlib.sha256(bytes(tier.get(k))).digest() not in digests for k in kept)
-print(len(kept), wrong, tier.full_bypasses, tier.healthy)
+print(len(kept), wrong, tier.full_bypasses, tier.commits, tier.healthy)
 """
 
 
@@ -72,10 +72,11 @@ def test_sixteen_threads_filling_a_btrfs_device_keep_the_process_alive_and_the_b
     tier = btrfs / "ssd"
     child = subprocess.run([sys.executable, "-c", _FILL, str(tier)], capture_output=True, text=True, timeout=120)
     assert child.returncode == 0, child.stderr[-2000:]  # -7 was SIGBUS
-    kept, wrong, full_bypasses, healthy = child.stdout.split()
+    kept, wrong, full_bypasses, commits, healthy = child.stdout.split()
     # ~180 MiB hold ~40 blocks; 18-27 stay here. btrfs shows freed space only once its
     # transaction commits: before the tier asked for the commit, 0-1 stayed in 3 runs of 7
     assert int(kept) >= 14 and int(wrong) == 0 and int(full_bypasses) > 0 and healthy == "True"
+    assert int(commits) > 0  # evictions for room asked btrfs to commit, so their frees showed
     # The index is made in place; the cache files stay copy-on-write (btrfs frees a punched
     # range only with its whole extent, and NOCOW extents stayed whole).
     assert _nocow(tier) and not _nocow(tier / "files")
@@ -93,3 +94,24 @@ def test_a_tier_nested_in_another_tiers_directory_keeps_its_cache_files_copy_on_
     finally:
         nested.close()
         level.close()
+
+
+def _free(path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_commit_frees_makes_unlinked_space_show_on_btrfs_and_is_refused_elsewhere(btrfs, tmp_path):
+    """btrfs shows the space of unlinked files only once their transaction commits (``statvfs``
+    unchanged before); ``commit_frees`` commits it. A file system without the call says False."""
+    for i in range(8):
+        with open(btrfs / f"f{i}", "wb") as f:
+            f.write(os.urandom(8 << 20))
+    os.sync()
+    full = _free(btrfs)
+    for i in range(8):
+        os.unlink(btrfs / f"f{i}")
+    assert _free(btrfs) - full < 16 << 20  # 64 MiB unlinked, not shown yet
+    assert commit_frees(str(btrfs))
+    assert _free(btrfs) - full >= 56 << 20
+    assert commit_frees(str(tmp_path)) is False  # ext4 or tmpfs: no such ioctl

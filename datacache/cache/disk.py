@@ -246,6 +246,7 @@ class DiskTier:
         self.commits = 0  # file system commits asked for so that an eviction's frees show
         self._made_room_at = -ROOM_LAG_S  # time.monotonic() of the last eviction for room that did not show
         self._writing = 0  # bytes of the blocks this instance's puts reserved whose space is not allocated yet
+        self._writing_lock = threading.Lock()  # not the tier's lock: a write must not wait for an eviction
         self.write_errors = 0
         self.healthy = True
         self.direct_io = True  # bulk puts write with O_DIRECT until the file system refuses it
@@ -733,14 +734,15 @@ class DiskTier:
                             return False
                     reserved = self._reserve(file, index, size)
                     if isinstance(reserved, tuple):
-                        self._writing += size
+                        with self._writing_lock:
+                            self._writing += size
                 if not isinstance(reserved, tuple):
                     return reserved
                 path, offset, token = reserved
                 counted = [size]  # in ``_writing`` until statvfs counts the block's space
 
                 def allocated() -> None:
-                    with self._lock:
+                    with self._writing_lock:
                         self._writing -= counted.pop()
 
                 try:
