@@ -1,7 +1,7 @@
 """``python -m benchmarks.warmup_child HOME DATASET TARGET...``: one datacache warmup, measured.
 
 Runs ``Embedded(HOME).warmup(DATASET, TARGETS)`` (what ``datacache warmup`` runs, with its
-malloc settings, ``procmem.bound_malloc``) in a process of its own and prints one JSON line:
+malloc settings, ``procmem.keep_blocks_malloc``) in a process of its own and prints one JSON line:
 ``seconds`` (wall, the warmup call only: interpreter start-up and imports are outside it, as a
 copy's are), ``bytes``, ``files``, ``ok``, the first ``failures`` and ``vm_hwm_mib`` (this
 process's peak RSS, ``VmHWM``: ``ru_maxrss`` would carry the parent's peak over
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     from datacache.control.embedded import Embedded
 
     home, dataset, targets = argv[0], argv[1], argv[2:]
-    procmem.bound_malloc()  # as `datacache warmup` does (datacache.cli.warmupbar)
+    procmem.keep_blocks_malloc()  # as `datacache warmup` does (datacache.cli.warmupbar)
     plane = Embedded(home)
     try:
         t0 = time.perf_counter()

@@ -34,7 +34,7 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
     (Ctrl-C) or 143 (SIGTERM) when a signal cancelled it within about a second (phase
     Cancelled, one summary line: a new warmup loads only the rest)."""
     plane.bound(dataset, namespace)  # a missing dataset or runtime fails before any bar is drawn
-    procmem.bound_malloc()  # before the segment threads start: see datacache.procmem
+    procmem.keep_blocks_malloc()  # before the segment threads start: see datacache.procmem
     columns = (TextColumn("[bold]warmup"), BarColumn(), TextColumn("{task.fields[files]} files"),
                DownloadColumn(binary_units=True), LoadRateColumn(), TimeRemainingColumn())
     bar = Progress(*columns, console=Console(stderr=True), disable=quiet)
