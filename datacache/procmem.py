@@ -67,9 +67,8 @@ def keep_blocks_malloc(arenas: int = ARENAS) -> bool:
     :func:`bound_malloc`'s 1 MiB threshold every 4 MiB buffer was a fresh mapping, 87-97k minor
     faults and 1.77-2.29 s; kept, 19-24k faults and 1.57-2.0 s, peak RSS 217-237 MiB against
     204-208. ``benchmarks.memory``'s 1.5 GiB warmup peaked +257-267 MiB over its start against
-    +236 (the README's bound: +352). The environment's
-    ``MALLOC_*`` settings win when set. Call before the segment threads start. True when glibc
-    took the settings."""
+    +236 (the README's bound: +352). The environment's ``MALLOC_*`` settings win when set. Call
+    before the segment threads start. True when glibc took the settings."""
     return _mallopt((("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, WARMUP_MMAP_THRESHOLD),
                      ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, WARMUP_TRIM_THRESHOLD),
                      ("MALLOC_ARENA_MAX", _M_ARENA_MAX, arenas)))

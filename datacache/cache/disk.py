@@ -104,7 +104,7 @@ frees the space of punched and unlinked extents at its next transaction commit (
 ``commit``, 30 s by default), and until then ``statvfs`` shows the device as full as before;
 evicting on every put drained a 200 MiB btrfs tier to 13 MiB in 10 s. So after such an
 eviction the tier first asks the file system to commit (:func:`~datacache.cache.extents.commit_frees`,
-2.6 ms on an idle btrfs; 16 threads filling a 200 MiB btrfs then keep 18-27 of the ~40 blocks
+2.6 ms on an idle btrfs; 16 threads filling a 200 MiB btrfs then keep 18-26 of the ~40 blocks
 that fit, 0-25 before); the lag is for a file system that cannot."""
 FILES = "files"  # subdirectory of the cache files
 INDEX = "index.db"  # the index of a cache directory: where it is, a disk tier has used the directory
@@ -739,19 +739,20 @@ class DiskTier:
                 if not isinstance(reserved, tuple):
                     return reserved
                 path, offset, token = reserved
-                counted = [size]  # in ``_writing`` until statvfs counts the block's space
+                counted = size  # in ``_writing`` until statvfs counts the block's space
 
                 def allocated() -> None:
+                    nonlocal counted
                     with self._writing_lock:
-                        self._writing -= counted.pop()
+                        self._writing -= counted
+                        counted = 0
 
                 try:
                     try:
                         direct = write_range(path, offset, data, private.FILE_MODE, bulk and self.direct_io,
                                              allocated)
                     finally:
-                        if counted:
-                            allocated()
+                        allocated()  # if write_range did not say so
                     if not direct:
                         log.info("cache tier %s (%s): the file system refuses O_DIRECT; bulk loads write "
                                  "through the page cache", self.path, self.medium)
@@ -887,9 +888,9 @@ class DiskTier:
     def _eviction_order(self, writing: bool):
         """Eviction candidates, least worth keeping first: ``(file, index, size, exposed)`` of each
         stored block, least recently used first (the access times :meth:`flush_accesses` wrote),
-        or in the order :attr:`rank_victims` gives them; with ``writing``, blocks that puts
-        reserved and are writing too (younger reservations are gone only from
-        ``ORPHAN_GRACE_S`` on otherwise). The one place that ranks eviction."""
+        or in the order :attr:`rank_victims` gives them. Blocks that puts reserved and are still
+        writing too with ``writing``; without it, only reservations older than
+        ``ORPHAN_GRACE_S`` (a killed put's). The one place that ranks eviction."""
         cursor = self._db.execute("SELECT b.file, b.idx, b.size, f.exposed FROM blocks b JOIN files f "
                                   "ON f.file = b.file WHERE ? OR b.digest != '' OR b.atime < ? ORDER BY b.atime",
                                   (writing, time.time() - ORPHAN_GRACE_S))
