@@ -35,7 +35,7 @@ from queue import Empty, Full, Queue
 from typing import Callable
 
 from datacache.cache.blocks import block_count
-from datacache.cache.local_source import FILL_COPIES
+from datacache.cache.local_source import DEVICE_FULL, FILL_COPIES, full_bypasses
 from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry
 
@@ -223,14 +223,13 @@ def _listed(manifest, target: tuple[str, list[str]]) -> list[FileEntry]:
 
 
 _EVICTED = "not cached (evicted: the cache quota is smaller than the target)"
-_EVICTED_FULL = ("not cached (evicted: the cache device is full (before the quota): free space on it or lower "
-                 "tieredstore.levels[].quota)")
+_EVICTED_FULL = f"not cached (evicted: {DEVICE_FULL})"
 
 
 def _device_full_count(source) -> int:
     """Writes of ``source``'s own tiered store that met a full device so far (0 for a source
     whose blocks live on cache workers: they report their own)."""
-    return sum(getattr(level, "full_bypasses", 0) for level in getattr(getattr(source, "store", None), "levels", ()))
+    return full_bypasses(getattr(source, "store", None))
 
 
 def close_after(client, result: WarmupResult | None) -> None:

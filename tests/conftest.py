@@ -18,6 +18,9 @@ from datacache.demo.s3server import MotoServer
 def pytest_configure(config: pytest.Config) -> None:
     # FUSE daemons started by this process's tests end with it, even when the run is killed (19.17).
     os.environ["DATACACHE_FUSE_WATCH_PID"] = str(os.getpid())
+    # The tiers live on the host's /tmp: its share free is the host's (a CI host had under a tenth,
+    # and every put kept a tenth free). The tests of the reserve itself name theirs.
+    os.environ["DATACACHE_FREE_SPACE_RATIO"] = "0.01"
     config.addinivalue_line("markers", "slow: long-running test (deselect with -m 'not slow')")
 
 

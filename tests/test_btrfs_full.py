@@ -22,8 +22,8 @@ from datacache.cache.extents import FS_IOC_GETFLAGS, FS_NOCOW_FL, commit_frees
 
 _FILL = """
 import hashlib, os, sys, threading, time
-from datacache.cache.disk import DiskTier
-tier = DiskTier(sys.argv[1], 1 << 30)  # quota 1 GiB on a 200 MiB device
+from datacache.cache.disk import FREE_SPACE_RATIO, DiskTier
+tier = DiskTier(sys.argv[1], 1 << 30, free_space_ratio=FREE_SPACE_RATIO)  # quota 1 GiB on a 200 MiB device
 blocks = [os.urandom(4 << 20) for _ in range(8)]
 digests = {hashlib.sha256(b).digest() for b in blocks}
 def worker(t):

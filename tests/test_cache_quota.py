@@ -149,7 +149,7 @@ def test_a_device_smaller_than_the_quota_keeps_a_tenth_of_it_free_by_eviction(sm
     can die of SIGBUS on btrfs); every block kept reads back right."""
     from datacache.cache.disk import FREE_SPACE_RATIO, DiskTier
 
-    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB)
+    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB, free_space_ratio=FREE_SPACE_RATIO)
     blocks = {f"ds/{'c' * 32}/{i}": os.urandom(MiB) for i in range(12)}
     try:
         for key, data in blocks.items():
@@ -166,9 +166,9 @@ def test_a_device_smaller_than_the_quota_keeps_a_tenth_of_it_free_by_eviction(sm
 
 
 def test_a_device_filled_by_other_files_skips_puts_and_keeps_the_tiers_blocks(small_tmpfs):
-    from datacache.cache.disk import DiskTier
+    from datacache.cache.disk import FREE_SPACE_RATIO, DiskTier
 
-    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB)
+    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB, free_space_ratio=FREE_SPACE_RATIO)
     first = os.urandom(MiB)
     try:
         assert tier.put(f"ds/{'d' * 32}/0", first)
@@ -192,7 +192,7 @@ def test_puts_of_many_threads_at_once_leave_the_free_space_and_the_tier_healthy(
     from datacache.cache import disk
     from datacache.cache.disk import FREE_SPACE_RATIO, DiskTier
 
-    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB)
+    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB, free_space_ratio=FREE_SPACE_RATIO)
     blocks = {f"ds/{chr(ord('a') + t) * 32}/{i}": os.urandom(MiB) for t in range(8) for i in range(4)}
     start, lowest, errors = threading.Barrier(8), [1.0], []
 
@@ -220,5 +220,58 @@ def test_puts_of_many_threads_at_once_leave_the_free_space_and_the_tier_healthy(
         late = os.urandom(MiB)
         assert tier.put(f"ds/{'z' * 32}/0", late)  # the tier still takes blocks
         assert bytes(tier.get(f"ds/{'z' * 32}/0")) == late
+    finally:
+        tier.close()
+
+
+def test_the_free_space_reserve_is_the_levels_freespaceratio_else_the_nodes_default(datacache_home, tmp_path,
+                                                                                     monkeypatch):
+    """``freeSpaceRatio`` of a level, else ``DATACACHE_FREE_SPACE_RATIO``, else 0.1; a bad value
+    of either is refused with its name and the fix."""
+    import pytest
+
+    from datacache.cache.disk import FREE_SPACE_ENV, FREE_SPACE_RATIO
+    from datacache.errors import ConfigError
+
+    src = tmp_path / "src"
+    _make_files(src, 1, MiB)
+    mounts = [{"name": "local", "mountPoint": str(src)}]
+
+    def ratio(name: str, **level) -> float:
+        plane = apply_dataset(datacache_home, name, mounts, [{**LEVELS[0], "path": name, **level}])
+        client = plane.open_dataset(name)
+        try:
+            return client.source.store.levels[0].free_space_ratio
+        finally:
+            client.close()
+
+    monkeypatch.setenv(FREE_SPACE_ENV, "0.2")
+    assert ratio("own", freeSpaceRatio=0.25) == 0.25
+    assert ratio("node") == 0.2
+    monkeypatch.delenv(FREE_SPACE_ENV)
+    assert ratio("default") == FREE_SPACE_RATIO == 0.1
+    monkeypatch.setenv(FREE_SPACE_ENV, "lots")
+    with pytest.raises(ConfigError) as bad_env:
+        ratio("badenv")
+    assert str(bad_env.value) == ("DATACACHE_FREE_SPACE_RATIO: 'lots' is not a fraction of the cache device in "
+                                  "[0, 1): set it like 0.05, or unset it for 0.1")
+    with pytest.raises(ConfigError) as bad_field:
+        ratio("badfield", freeSpaceRatio=1.5)
+    assert "spec.tieredstore.levels[0].freeSpaceRatio" in str(bad_field.value), str(bad_field.value)
+
+
+def test_a_tier_keeps_its_free_space_ratio_of_the_device_free(small_tmpfs):
+    """Half of a 6 MiB tmpfs kept free: at most 2 of 6 blocks of 1 MiB stay, the newest."""
+    from datacache.cache.disk import DiskTier
+
+    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB, free_space_ratio=0.5)
+    blocks = {f"ds/{'e' * 32}/{i}": os.urandom(MiB) for i in range(6)}
+    try:
+        for key, data in blocks.items():
+            tier.put(key, data)
+            assert _free_fraction(small_tmpfs) >= 0.4
+        kept = [key for key in blocks if key in tier]
+        assert 1 <= len(kept) <= 2 and kept == list(blocks)[-len(kept):]
+        assert all(bytes(tier.get(key)) == blocks[key] for key in kept) and tier.healthy
     finally:
         tier.close()

@@ -474,7 +474,9 @@ class Level(_Model):
 
     ``quota`` is a quantity (kept as written; :attr:`quota_bytes` gives bytes). Eviction starts
     when usage exceeds ``high`` × quota and stops below ``low`` × quota (fractions in (0, 1]).
-    ``path`` is a directory; a relative one is taken relative to ``$DATACACHE_HOME`` in embedded
+    ``freeSpaceRatio``: the fraction of a disk level's device that its puts leave free, evicting
+    the level's own blocks for it (JuiceFS's ``--free-space-ratio``; unset: the node's
+    ``DATACACHE_FREE_SPACE_RATIO``, else 0.1). ``path`` is a directory; a relative one is taken relative to ``$DATACACHE_HOME`` in embedded
     mode (so example files work on any machine).
     """
 
@@ -483,6 +485,7 @@ class Level(_Model):
     quota: Quota
     high: Annotated[float, Field(gt=0, le=1)] = 0.95
     low: Annotated[float, Field(ge=0, lt=1)] = 0.7
+    free_space_ratio: Annotated[float, Field(ge=0, lt=1)] | None = None
 
     @field_validator("path")
     @classmethod

@@ -80,6 +80,7 @@ import time
 import uuid
 
 from datacache import private
+from datacache.errors import ConfigError
 from datacache.cache.blocks import PIECE, PieceBlock, checksum
 from datacache.cache.extents import (commit_frees, copy_on_write, punch_hole, read_pieces, read_range, will_need,
                                      write_range)
@@ -92,11 +93,13 @@ ACCESS_FLUSH_S = 1.0  # seconds between two writes of the blocks' access times t
 ROWS_KEPT = 16384  # index rows of recent hits kept in memory: a hit without a SELECT
 BLOCK_SIZE = 4 << 20  # default block size (bytes): the stride of a file's blocks
 FREE_SPACE_RATIO = 0.1
-"""Fraction of the cache device a put leaves free (JuiceFS's ``--free-space-ratio``, default 0.1):
-the tier evicts to keep it, and skips the block when its own blocks cannot make the room (other
-files filled the device). A full device fails more than a write: the index's WAL index
-(``index.db-shm``) is a shared mapping, and a page of it that the file system cannot allocate
-(btrfs copy-on-write on a full device) is a SIGBUS in SQLite."""
+"""Default fraction of the cache device a put leaves free (JuiceFS's ``--free-space-ratio``,
+default 0.1; a level's ``freeSpaceRatio`` or :data:`FREE_SPACE_ENV` sets another): the tier evicts
+to keep it, and skips the block when its own blocks cannot make the room (other files filled the
+device). A full device fails more than a write: the index's WAL index (``index.db-shm``) is a
+shared mapping, and a page of it that the file system cannot allocate (btrfs copy-on-write on a
+full device) is a SIGBUS in SQLite."""
+FREE_SPACE_ENV = "DATACACHE_FREE_SPACE_RATIO"  # the node's default for levels that do not say
 ROOM_LAG_S = 30.0
 """Seconds after an eviction for :data:`FREE_SPACE_RATIO` that did not show in ``statvfs``
 during which a put that finds the device short is skipped, not met with more eviction: btrfs
@@ -146,6 +149,23 @@ def split_key(key: str) -> tuple[str, int]:
 def join_key(file: str, index: int) -> str:
     """The block key of block ``index`` of ``file`` (inverse of :func:`split_key`)."""
     return file if index < 0 else f"{file}/{index}"
+
+
+def default_free_space_ratio() -> float:
+    """The fraction of a cache device puts leave free when the level does not say: the
+    environment's :data:`FREE_SPACE_ENV`, else :data:`FREE_SPACE_RATIO`. Raises ConfigError when
+    the variable is not a number in [0, 1)."""
+    value = os.environ.get(FREE_SPACE_ENV)
+    if value is None:
+        return FREE_SPACE_RATIO
+    try:
+        ratio = float(value)
+    except ValueError:
+        ratio = -1.0
+    if not 0 <= ratio < 1:
+        raise ConfigError(FREE_SPACE_ENV, [("", f"{value!r} is not a fraction of the cache device in [0, 1): "
+                                                f"set it like 0.05, or unset it for {FREE_SPACE_RATIO}")])
+    return ratio
 
 
 def holds_cache(directory: str) -> bool:
@@ -216,8 +236,10 @@ class DiskTier:
     of the quota), one cache file per file version (see the module docstring).
 
     ``medium`` is "SSD" or "HDD" (only reported); ``block_size``: bytes between two blocks' offsets
-    in a file made from now on (a block longer than its file's stride is not kept). Never raises
-    for an unusable directory: the tier then starts unhealthy (see :meth:`_open`). Counters (this
+    in a file made from now on (a block longer than its file's stride is not kept);
+    ``free_space_ratio``: the fraction of the device a put leaves free (None:
+    :func:`default_free_space_ratio`). Raises ConfigError for a bad :data:`FREE_SPACE_ENV`; never
+    raises for an unusable directory: the tier then starts unhealthy (see :meth:`_open`). Counters (this
     process only): ``evictions`` (blocks), ``corrupt`` (blocks dropped for a bad checksum),
     ``full_bypasses`` (writes that met a full device), ``write_errors``, ``lost`` (blocks dropped
     because their file was gone or short), ``orphans_removed`` (unindexed cache files deleted);
@@ -225,8 +247,9 @@ class DiskTier:
     """
 
     def __init__(self, path: str, quota: int, high: float = 0.95, low: float = 0.7, medium: str = "SSD",
-                 block_size: int = BLOCK_SIZE):
+                 block_size: int = BLOCK_SIZE, free_space_ratio: float | None = None):
         self.path = os.path.abspath(path)
+        self.free_space_ratio = default_free_space_ratio() if free_space_ratio is None else free_space_ratio
         self.files = os.path.join(self.path, FILES)
         self.medium = medium
         self.quota = quota
@@ -695,7 +718,7 @@ class DiskTier:
     def put(self, key: str, data: bytes | memoryview, bulk: bool = False) -> bool:
         """Store a block; False when it is not kept: empty, larger than the high watermark even in an
         empty tier or than its file's stride, the device is full or would be left with less than
-        :data:`FREE_SPACE_RATIO` free (after evicting to the low watermark, or as far as the room
+        :attr:`free_space_ratio` free (after evicting to the low watermark, or as far as the room
         needs, and trying once more), or the tier is unhealthy. Never raises for a write
         failure: the caller still has the bytes, so the read is served and only caching is skipped.
         ``bulk`` (a warmup's load, read later if at all): the bytes go around the page cache
@@ -783,13 +806,13 @@ class DiskTier:
         """Bytes missing on the device for ``size`` more, besides the blocks this instance's puts
         have reserved and whose space the file system has not allocated yet (``statvfs`` does not
         count them: 16 puts at once left a 64 MiB tmpfs full; counting them on after their
-        ``fallocate`` too, a storm evicted blocks it did not need), with :data:`FREE_SPACE_RATIO`
+        ``fallocate`` too, a storm evicted blocks it did not need), with :attr:`free_space_ratio`
         of it left free (``statvfs`` of the tier's directory); 0 when there is room, or the file
         system reports no size (ramfs: 0 blocks)."""
         st = os.statvfs(self.path)
         if st.f_blocks == 0:
             return 0
-        return max(0, int(FREE_SPACE_RATIO * st.f_blocks * st.f_frsize) + self._writing + size
+        return max(0, int(self.free_space_ratio * st.f_blocks * st.f_frsize) + self._writing + size
                    - st.f_bavail * st.f_frsize)
 
     def _free(self) -> int:

@@ -152,7 +152,7 @@ class LocalBlockSource:
         stored, view = 0, memoryview(data)  # blocks as views of the read: no copy of each
         for i in missing:
             b0, b1 = block_range(i, entry.size, self.block_size)
-            full_before = _full_bypasses(self.store)
+            full_before = full_bypasses(self.store)
             if not self.store.put(keys[i], view[b0 - start:b1 - start], bulk):
                 raise OSError(errno.ENOSPC, _not_kept(self.store, b1 - b0, full_before), entry.path)
             stored += b1 - b0
@@ -220,8 +220,14 @@ class LocalBlockSource:
         self.store.close()
 
 
-def _full_bypasses(store) -> int:
-    return sum(getattr(level, "full_bypasses", 0) for level in store.levels)
+DEVICE_FULL = ("the cache device is full or short of its free-space reserve (before the quota): free space on "
+               "it, or lower tieredstore.levels[].quota or tieredstore.levels[].freeSpaceRatio")
+
+
+def full_bypasses(store) -> int:
+    """Writes of ``store``'s levels (a TieredStore; 0 for None or a store of no levels) that met a
+    full device so far."""
+    return sum(getattr(level, "full_bypasses", 0) for level in getattr(store, "levels", ()))
 
 
 def _not_kept(store, size: int, full_before: int) -> str:
@@ -232,6 +238,6 @@ def _not_kept(store, size: int, full_before: int) -> str:
         if not getattr(level, "healthy", True):
             return (f"the cache tier {level.path} ({level.medium}) is unhealthy after a write error "
                     "(see the log): fix the device; writes are tried again after a while")
-    if _full_bypasses(store) > full_before:
-        return "the cache device is full (before the quota): free space on it or lower tieredstore.levels[].quota"
+    if full_bypasses(store) > full_before:
+        return DEVICE_FULL
     return f"a block of {size} bytes does not fit in the cache quota: raise tieredstore.levels[].quota"

@@ -333,7 +333,7 @@ def merge_caches(home: str, runtime) -> list[str]:
         if not workers:
             continue
         target = DiskTier(base, level.quota_bytes, level.high, level.low, level.mediumtype,
-                          runtime.spec.block_size_bytes)
+                          runtime.spec.block_size_bytes, level.free_space_ratio)
         try:
             for worker in workers:
                 report = merge.merge_into(target, int(level.quota_bytes * level.high), os.path.join(base, worker),

@@ -157,7 +157,8 @@ class ReadPath:
                 levels.append(MemoryTier(level.quota_bytes, level.high, level.low))
             else:
                 levels.append(disk_tier(layout.level_dir(self.home, runtime, level, worker), level.quota_bytes,
-                                        level.high, level.low, level.mediumtype, runtime.spec.block_size_bytes))
+                                        level.high, level.low, level.mediumtype, runtime.spec.block_size_bytes,
+                                        level.free_space_ratio))
         return TieredStore(levels)
 
     def file_tier(self, runtime) -> FileTier | None:

@@ -164,7 +164,8 @@ def test_warmup_says_why_the_cache_did_not_keep_blocks(datacache_home, tmp_path,
     assert target.phase == "Failed"
     # a file not stored, or stored and then evicted to make room: the device is named either way
     assert target.failures and all(
-        "the cache device is full (before the quota): free space on it or lower tieredstore.levels[].quota" in f
+        "the cache device is full or short of its free-space reserve (before the quota): free space on it, or "
+        "lower tieredstore.levels[].quota or tieredstore.levels[].freeSpaceRatio" in f
         for f in target.failures if not f.startswith("... and")), target.failures
 
     # Unhealthy tier: the cache directory turns read-only under an open store (a read-only bind mount).
