@@ -276,6 +276,16 @@ def test_watermark_low_above_high(tmp_path):
     ]
 
 
+def test_free_space_ratio_is_a_disk_levels_fraction(tmp_path):
+    text = runtime("      - {mediumtype: MEM, quota: 1Gi, freeSpaceRatio: 0.2}\n"
+                   "      - {mediumtype: SSD, path: /s, quota: 1Gi, freeSpaceRatio: 1}\n")
+    assert errors_of(tmp_path, text) == [
+        "dataset.yaml: spec.tieredstore.levels[0].freeSpaceRatio: is the share of a disk level's device kept "
+        "free: give it on the SSD or HDD level, not the MEM one",
+        "dataset.yaml: spec.tieredstore.levels[1].freeSpaceRatio: must be less than 1, got 1",
+    ]
+
+
 def test_level_rules(tmp_path):
     text = runtime(
         "      - {mediumtype: SSD, quota: 1Gi}\n"

@@ -500,6 +500,9 @@ class Level(_Model):
         problems: list[tuple[Loc, str]] = []
         if self.path is None and self.mediumtype != "MEM":
             problems.append((("path",), f"missing required field: the {self.mediumtype} level needs a directory"))
+        if self.free_space_ratio is not None and self.mediumtype == "MEM":
+            problems.append((("freeSpaceRatio",), "is the share of a disk level's device kept free: give it on "
+                                                  "the SSD or HDD level, not the MEM one"))
         if self.low >= self.high:
             problems.append((("low",), f"low watermark {self.low:g} must be below high watermark {self.high:g}"))
         if problems:
