@@ -476,8 +476,8 @@ class Level(_Model):
     when usage exceeds ``high`` × quota and stops below ``low`` × quota (fractions in (0, 1]).
     ``freeSpaceRatio``: the fraction of a disk level's device that its puts leave free, evicting
     the level's own blocks for it (JuiceFS's ``--free-space-ratio``; unset: the node's
-    ``DATACACHE_FREE_SPACE_RATIO``, else 0.1). ``path`` is a directory; a relative one is taken relative to ``$DATACACHE_HOME`` in embedded
-    mode (so example files work on any machine).
+    ``DATACACHE_FREE_SPACE_RATIO``, else 0.1). ``path`` is a directory; a relative one is taken
+    relative to ``$DATACACHE_HOME`` in embedded mode (so example files work on any machine).
     """
 
     mediumtype: Literal["MEM", "SSD", "HDD"]
