@@ -31,6 +31,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.fuse_read import Mount, Mounts, start_fuse
+from datacache.cache.disk import default_free_space_ratio
 from datacache.demo.s3server import DUMMY_KEY, DUMMY_SECRET
 
 __all__ = ["JuiceFsVolume", "juicefs_binary"]
@@ -84,8 +85,9 @@ class JuiceFsVolume:
         with it); ``direct``: reach moto without the proxy (the copy-in)."""
         os.makedirs(mountpoint, exist_ok=True)
         log = os.path.join(self.workdir, f"mount-{os.path.basename(mountpoint)}.log")
+        # the free-space reserve datacache's tiers keep here too, so both cache on a nearly full disk
         cmd = [self.binary, "mount", self.meta, mountpoint, "--cache-dir", cache_dir, "--cache-size", str(cache_mib),
-               "--no-usage-report", "--no-syslog", "--metrics", "127.0.0.1:0"]
+               "--free-space-ratio", f"{default_free_space_ratio():g}", "--no-usage-report", "--no-syslog", "--metrics", "127.0.0.1:0"]
         if direct:
             cmd += ["--bucket", f"{self.direct}/{self.bucket}"]
         return start_fuse(mounts, "juicefs", label, cmd, mountpoint, log, env=juicefs_env(), group=True)

@@ -107,3 +107,15 @@ def ramfs(tmp_path):
 def small_tmpfs(tmp_path):
     """A 6 MiB tmpfs mount: a device that fills."""
     yield from _mounted(tmp_path, "tmpfs", "-o", "size=6m")
+
+
+@pytest.fixture
+def nearly_full_tmpfs(tmp_path):
+    """A 128 MiB tmpfs mount with 8 % of it free (a file ``ballast`` takes the rest): above the
+    suite's free-space reserve (``DATACACHE_FREE_SPACE_RATIO`` 0.01), below the usual 0.1, as on
+    a host whose disk is nearly full."""
+    for where in _mounted(tmp_path, "tmpfs", "-o", "size=128m"):
+        st = os.statvfs(where)
+        with open(where / "ballast", "wb") as f:
+            f.write(bytes(st.f_blocks * st.f_frsize * 92 // 100))
+        yield where

@@ -795,15 +795,16 @@ class JuiceFSFuseSpec(_Model):
     @classmethod
     def _check_names(cls, value: dict[str, str]) -> dict[str, str]:
         bad = [k for k in value if not re.fullmatch(r"[a-z][a-z0-9-]*", k)]
-        taken = [k for k in value if k in ("cache-dir", "cache-size", "buffer-size", "subdir", "foreground", "d",
-                                            "background", "log")]
+        taken = [k for k in value if k in ("cache-dir", "cache-size", "free-space-ratio", "buffer-size", "subdir",
+                                            "foreground", "d", "background", "log")]
         problems = []
         if bad:
             problems.append(f"option name(s) {', '.join(map(repr, bad))} are not juicefs mount flags: write the "
                             "flag in lowercase without dashes in front, e.g. attr-cache")
         if taken:
-            problems.append(f"option(s) {', '.join(taken)} are set by datacache (cache dirs and sizes come from "
-                            "tieredstore, the sub-directory from the Dataset's mountPoint): remove them")
+            problems.append(f"option(s) {', '.join(taken)} are set by datacache (cache dirs, sizes and the "
+                            "free-space reserve come from tieredstore, the sub-directory from the Dataset's "
+                            "mountPoint): remove them")
         if problems:
             raise ValueError("; ".join(problems))
         return value
@@ -813,7 +814,9 @@ class JuiceFSRuntimeSpec(_Model):
     """``JuiceFSRuntime.spec`` (Fluid's JuiceFSRuntime, Community Edition): the JuiceFS client's
     cache and mount flags. Each ``tieredstore`` level becomes JuiceFS cache: SSD/HDD levels
     ``--cache-dir`` (``<path>/<namespace>/<name>``, several joined by ':') and ``--cache-size``
-    (the sum of their quotas, in MiB); a MEM level ``--buffer-size`` (its quota, in MiB).
+    (the sum of their quotas, in MiB) and ``--free-space-ratio`` (the largest of their
+    ``freeSpaceRatio``, each unset one the node's default); a MEM level ``--buffer-size`` (its
+    quota, in MiB).
     ``replicas``: 0 or 1 (one JuiceFS client on this machine). ``clean_cache_policy``: on delete,
     ``OnRuntimeDeleted`` removes the cache directories (Fluid cleans the cache on shutdown),
     ``Retain`` keeps them for the next runtime of that name."""

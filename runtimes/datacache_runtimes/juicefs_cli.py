@@ -127,15 +127,19 @@ def parse_check(out: str) -> tuple[int, int, str]:
     return int(match[1]), human_bytes(match[2]), f"{float(match[4]):.1f}%"
 
 
-def mount_flags(levels: list[tuple[str, str, int]], options: dict[str, str]) -> list[str]:
-    """``juicefs mount`` flags for tiered-store ``levels`` (``(medium, directory, quota bytes)``)
-    and fuse ``options``: disk levels -> ``--cache-dir a:b --cache-size MiB``, MEM ->
-    ``--buffer-size MiB``; an option ``true`` -> ``--NAME``, else ``--NAME VALUE``."""
+def mount_flags(levels: list[tuple[str, str, int, float]], options: dict[str, str]) -> list[str]:
+    """``juicefs mount`` flags for tiered-store ``levels`` (``(medium, directory, quota bytes,
+    free-space ratio)``) and fuse ``options``: disk levels -> ``--cache-dir a:b --cache-size MiB
+    --free-space-ratio R`` (JuiceFS has one ratio for all its cache directories: the largest of
+    the levels'), MEM -> ``--buffer-size MiB``; an option ``true`` -> ``--NAME``, else
+    ``--NAME VALUE``."""
     flags: list[str] = []
-    disks = [(d, q) for medium, d, q in levels if medium != "MEM"]
+    disks = [(d, q, r) for medium, d, q, r in levels if medium != "MEM"]
     if disks:
-        flags += ["--cache-dir", ":".join(d for d, _ in disks), "--cache-size", str(sum(q for _, q in disks) >> 20)]
-    for medium, _, quota in levels:
+        flags += ["--cache-dir", ":".join(d for d, _, _ in disks),
+                  "--cache-size", str(sum(q for _, q, _ in disks) >> 20),
+                  "--free-space-ratio", f"{max(r for _, _, r in disks):g}"]
+    for medium, _, quota, _ in levels:
         if medium == "MEM":
             flags += ["--buffer-size", str(max(quota >> 20, 1))]
     for name, value in sorted(options.items()):

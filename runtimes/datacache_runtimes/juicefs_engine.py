@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from datacache import mountinfo
 from datacache.api.models import JUICEFS_SECRETS
+from datacache.cache.disk import default_free_space_ratio
 from datacache.errors import ResourceError
 from datacache.api.engine import Engine, EngineReport, EngineState
 from datacache.ufs.secretfiles import secret_files, write_private
@@ -99,7 +100,8 @@ class JuiceFSEngine(Engine):
     def flags(self, extra_options=()) -> list[str]:
         """``juicefs mount`` flags from the runtime's tieredstore and fuse options; ``extra_options``
         (``-o`` values of ``datacache mount``) go on as ``-o``."""
-        levels = [(lv.mediumtype, self._dir(lv) if lv.path else "", lv.quota_bytes)
+        levels = [(lv.mediumtype, self._dir(lv) if lv.path else "", lv.quota_bytes,
+                   default_free_space_ratio() if lv.free_space_ratio is None else lv.free_space_ratio)
                   for lv in self._levels()]
         flags = juicefs_cli.mount_flags(levels, self.runtime.spec.fuse.options)
         for opt in extra_options:

@@ -89,13 +89,15 @@ def _juicefs_check(binary: str, path: str) -> str:
                           check=True, timeout=120).stderr
 
 
-def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path, monkeypatch):
+def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path, monkeypatch, nearly_full_tmpfs):
     from datacache.control.embedded import Embedded
     from datacache_runtimes import juicefs_engine
     from datacache_runtimes.juicefs_cli import parse_check
 
     meta, secret_key, files = volume
-    home, cache_dir, mnt = str(tmp_path / "home"), str(tmp_path / "jfs-cache"), str(tmp_path / "reader")
+    # the cache on a device with 8 % free: JuiceFS caches there only with the node's reserve (0.01
+    # in the suite) passed on as --free-space-ratio; its own default, 0.1, would cache nothing
+    home, cache_dir, mnt = str(tmp_path / "home"), str(nearly_full_tmpfs / "jfs-cache"), str(tmp_path / "reader")
     dc = _Cli(home, {"DATACACHE_SECRET_JFS_METAURL": meta, "DATACACHE_SECRET_JFS_ACCESS_KEY": "testing",
                      "DATACACHE_SECRET_JFS_SECRET_KEY": secret_key})
     (tmp_path / "r.yaml").write_text(_yaml("jfs", cache_dir))

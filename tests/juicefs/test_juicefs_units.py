@@ -42,11 +42,26 @@ def test_redact_hides_values_and_url_passwords():
 
 
 def test_mount_flags_from_levels_and_options():
-    levels = [("MEM", "", 64 << 20), ("SSD", "/ssd/default/jfs", 10 << 30), ("HDD", "/hdd/default/jfs", 2 << 30)]
+    levels = [("MEM", "", 64 << 20, 0.5), ("SSD", "/ssd/default/jfs", 10 << 30, 0.05),
+              ("HDD", "/hdd/default/jfs", 2 << 30, 0.2)]
     assert juicefs_cli.mount_flags(levels, {"attr-cache": "10", "read-only": "true"}) == [
-        "--cache-dir", "/ssd/default/jfs:/hdd/default/jfs", "--cache-size", str(12 << 10), "--buffer-size", "64",
-        "--attr-cache", "10", "--read-only"]
+        "--cache-dir", "/ssd/default/jfs:/hdd/default/jfs", "--cache-size", str(12 << 10),
+        "--free-space-ratio", "0.2", "--buffer-size", "64", "--attr-cache", "10", "--read-only"]
     assert juicefs_cli.mount_flags([], {}) == []
+
+
+def test_the_free_space_ratio_is_the_levels_else_the_nodes(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATACACHE_FREE_SPACE_RATIO", "0.03")
+    levels = [{"mediumtype": "SSD", "path": "/ssd", "quota": "1Gi"}]
+    flags = JuiceFSEngine(_runtime({"tieredstore": {"levels": levels}}), str(tmp_path)).flags()
+    assert flags[flags.index("--free-space-ratio") + 1] == "0.03"
+    levels[0]["freeSpaceRatio"] = 0.25
+    flags = JuiceFSEngine(_runtime({"tieredstore": {"levels": levels}}), str(tmp_path)).flags()
+    assert flags[flags.index("--free-space-ratio") + 1] == "0.25"
+    monkeypatch.setenv("DATACACHE_FREE_SPACE_RATIO", "lots")
+    with pytest.raises(ConfigError, match="DATACACHE_FREE_SPACE_RATIO"):
+        JuiceFSEngine(_runtime({"tieredstore": {"levels": [{"mediumtype": "SSD", "path": "/ssd", "quota": "1Gi"}]}}),
+                      str(tmp_path)).flags()
 
 
 def test_parse_info_and_check():
@@ -62,9 +77,9 @@ def test_parse_info_and_check():
 
 def test_fuse_options_datacache_sets_are_refused():
     with pytest.raises(ConfigError) as err:
-        _runtime({"fuse": {"options": {"cache-dir": "/x", "Attr_Cache": "1"}}})
+        _runtime({"fuse": {"options": {"cache-dir": "/x", "free-space-ratio": "0", "Attr_Cache": "1"}}})
     text = str(err.value)
-    assert "spec.fuse.options" in text and "cache-dir" in text and "'Attr_Cache'" in text
+    assert "spec.fuse.options" in text and "cache-dir, free-space-ratio" in text and "'Attr_Cache'" in text
 
 
 def test_metaurl_must_be_a_secret():
