@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -177,6 +178,35 @@ def test_a_device_filled_by_other_files_skips_puts_and_keeps_the_tiers_blocks(sm
                 f.write(bytes(256 << 10))
         assert tier.put(f"ds/{'d' * 32}/1", os.urandom(MiB)) is False  # evicting the 1 MiB would not do
         assert bytes(tier.get(f"ds/{'d' * 32}/0")) == first and tier.healthy
+    finally:
+        tier.close()
+
+
+def test_a_device_too_full_for_the_index_to_record_an_eviction_frees_a_cache_file_first(small_tmpfs):
+    """At 0 bytes free the index cannot record an eviction (SQLite: "database or disk is full"),
+    and a tier that evicts only after recording stayed full for good (1 btrfs fill of 12). The
+    oldest cache file goes first, then its rows: the device has room for the new block, the
+    index names no block whose file is gone, and the blocks kept read back right."""
+    from datacache.cache.disk import FREE_SPACE_RATIO, DiskTier
+
+    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB, free_space_ratio=FREE_SPACE_RATIO)
+    old, kept, new = f"ds/{'a' * 32}", f"ds/{'b' * 32}", f"ds/{'c' * 32}/0"
+    blocks = {f"{old}/0": os.urandom(MiB), f"{old}/1": os.urandom(MiB), f"{kept}/0": os.urandom(MiB)}
+    try:
+        for key, data in blocks.items():
+            assert tier.put(key, data)
+        tier._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the index's next write needs new space
+        fd = os.open(small_tmpfs / "other", os.O_WRONLY | os.O_CREAT)  # someone else's file takes every byte left
+        with contextlib.suppress(OSError):
+            while os.write(fd, bytes(4096)):
+                pass
+        os.close(fd)
+        assert os.statvfs(small_tmpfs).f_bavail == 0
+        blocks[new] = os.urandom(MiB)
+        assert tier.put(new, blocks[new])  # in the room the old file's 2 MiB left
+        assert tier.emergency_unlinks == 1 and tier.healthy
+        assert sorted(tier.keys()) == [f"{kept}/0", new]
+        assert all(bytes(tier.get(key)) == blocks[key] for key in (f"{kept}/0", new))
     finally:
         tier.close()
 

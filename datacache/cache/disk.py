@@ -60,7 +60,9 @@ Crashes and damage:
 - A damaged index ("file is not a database", "database disk image is malformed") is deleted with a
   warning naming the directory, with the files it indexed; the tier starts again empty.
 - A failing device never fails a read. A device that fills before the quota (ENOSPC, SQLite "disk
-  is full") evicts to the low watermark and tries once more, else skips caching that block; any
+  is full") evicts to the low watermark and tries once more, else skips caching that block; at
+  0 bytes free, where the index cannot record an eviction, the cache file goes first and its
+  rows after (a tier that waited for the index stayed full for good: 1 btrfs fill in 12); any
   other write or index error marks the tier unhealthy: it then caches nothing and reports misses,
   and is tried again after ``RECHECK_S`` seconds. A directory that cannot be opened at start-up
   starts the tier unhealthy the same way, with a warning naming the directory and the fix.
@@ -267,6 +269,7 @@ class DiskTier:
         self.orphans_removed = 0
         self.full_bypasses = 0
         self.commits = 0  # file system commits asked for so that an eviction's frees show
+        self.emergency_unlinks = 0  # cache files removed before the index could record it (a full device)
         self._made_room_at = -ROOM_LAG_S  # time.monotonic() of the last eviction for room that did not show
         self._writing = 0  # bytes of the blocks this instance's puts reserved whose space is not allocated yet
         self._writing_lock = threading.Lock()  # not the tier's lock: a write must not wait for an eviction
@@ -967,6 +970,38 @@ class DiskTier:
         rows = self._db.execute("SELECT idx, size FROM blocks WHERE file = ?", (file,)).fetchall()
         doomed = rows if indexes is None or exposed else [r for r in rows if r[0] in set(indexes)]
         whole = len(doomed) == len(rows)
+        path = os.path.join(self.files, name)
+        try:
+            self._delete_rows(file, doomed, whole)
+        except sqlite3.OperationalError as err:
+            if not _is_full(err):
+                raise
+            # The device is too full for the index to record a deletion: the whole file goes
+            # first, then the rows (a block whose file is gone is dropped when found, should this
+            # fail too). Before, a btrfs filled to 0 bytes free stayed so (1 fill in 12).
+            self._unlink(file, path)
+            commit_frees(self.files)
+            self.emergency_unlinks += 1
+            if self.emergency_unlinks == 1:  # once: a storm of puts meets it many times
+                log.warning("cache tier %s: the device is too full for the index to record an eviction: "
+                            "cache files are removed first", self.path)
+            self._delete_rows(file, rows, True)
+            return len(rows)
+        if whole:
+            self._unlink(file, path)
+            return len(doomed)
+        self._open_files.forget(path)
+        try:
+            for index, size in doomed:
+                punch_hole(path, max(index, 0) * stride, size)
+        except OSError:  # the file is gone (every block with it), or its file system cannot punch holes
+            return len(doomed) + self._remove(file, None)
+        return len(doomed)
+
+    def _delete_rows(self, file: str, doomed: list[tuple[int, int]], whole: bool) -> None:
+        """Under the lock: delete the rows of blocks ``doomed`` (``(index, size)``) of ``file``, and
+        the file's row when ``whole``. Raises ``sqlite3.OperationalError`` ("database or disk is
+        full") when the device has no room for the index's journal."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             if whole:
@@ -976,19 +1011,13 @@ class DiskTier:
                 self._db.executemany("DELETE FROM blocks WHERE file = ? AND idx = ?", [(file, i) for i, _ in doomed])
         for index, _ in doomed:
             self._rows.pop(join_key(file, index), None)
-        path = os.path.join(self.files, name)
+
+    def _unlink(self, file: str, path: str) -> None:
+        """Remove the cache file ``path`` of ``file`` (a reader holding it open keeps its bytes)."""
         self._open_files.forget(path)  # so that the space goes with the unlink
-        if whole:
-            self._handed.pop(file, None)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            return len(doomed)
-        try:
-            for index, size in doomed:
-                punch_hole(path, max(index, 0) * stride, size)
-        except OSError:  # the file is gone (every block with it), or its file system cannot punch holes
-            return len(doomed) + self._remove(file, None)
-        return len(doomed)
+        self._handed.pop(file, None)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
     def _drop(self, key: str, path: str | None, lost: bool) -> None:
         """Drop one block found lost (its file gone or short: counted in ``lost``) or corrupt, if
