@@ -12,7 +12,8 @@ quick start does it with a local metadata engine:
 3. ``copy_in``: the dataset is written in once through a mount that reaches moto directly
    (``--bucket`` overrides the endpoint; not timed, its cache directory removed afterwards);
 4. ``mount``: ``juicefs mount`` in the foreground through the proxy, with a fresh ``--cache-dir``
-   on the same disk and a ``--cache-size`` that holds the dataset. It runs as two processes, a
+   on the same disk, a ``--cache-size`` that holds the dataset and datacache's free-space reserve
+   as ``--free-space-ratio`` (``DATACACHE_FREE_SPACE_RATIO``, else 0.1). It runs as two processes, a
    supervisor and the mount process: the peak memory counted is the sum of both
    (``fuse_read.tree_hwm_mib``), and the process group is ended with it.
 
@@ -87,7 +88,8 @@ class JuiceFsVolume:
         log = os.path.join(self.workdir, f"mount-{os.path.basename(mountpoint)}.log")
         # the free-space reserve datacache's tiers keep here too, so both cache on a nearly full disk
         cmd = [self.binary, "mount", self.meta, mountpoint, "--cache-dir", cache_dir, "--cache-size", str(cache_mib),
-               "--free-space-ratio", f"{default_free_space_ratio():g}", "--no-usage-report", "--no-syslog", "--metrics", "127.0.0.1:0"]
+               "--free-space-ratio", f"{default_free_space_ratio():g}", "--no-usage-report", "--no-syslog",
+               "--metrics", "127.0.0.1:0"]
         if direct:
             cmd += ["--bucket", f"{self.direct}/{self.bucket}"]
         return start_fuse(mounts, "juicefs", label, cmd, mountpoint, log, env=juicefs_env(), group=True)
