@@ -35,7 +35,8 @@ from queue import Empty, Full, Queue
 from typing import Callable
 
 from datacache.cache.blocks import block_count
-from datacache.cache.local_source import DEVICE_FULL, FILL_COPIES, full_bypasses
+from datacache.cache.disk import DEVICE_FULL
+from datacache.cache.local_source import FILL_COPIES, full_bypasses
 from datacache.errors import StaleFileError
 from datacache.manifest import FileEntry
 

@@ -182,6 +182,46 @@ def test_a_device_filled_by_other_files_skips_puts_and_keeps_the_tiers_blocks(sm
         tier.close()
 
 
+def _fill_to_zero(device) -> None:
+    """Someone else's file takes every byte left on ``device``."""
+    fd = os.open(device / "other", os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):
+        while os.write(fd, bytes(4096)):
+            pass
+    os.close(fd)
+    assert os.statvfs(device).f_bavail == 0
+
+
+def test_reads_at_0_bytes_free_come_from_the_blocks_and_leave_the_tier_healthy(small_tmpfs, caplog):
+    """A whole cache file's first hand-out records it in the index, which a device at 0 bytes
+    free refuses ("database or disk is full"): it raised, and FUSE answered every open EIO. Now
+    the file is not handed out and its blocks read back right; a full device is no damage. A tier
+    opened there says the device is full (SQLite's "disk I/O error" pointed at permissions)."""
+    from datacache.cache.disk import DEVICE_FULL, FREE_SPACE_RATIO, DiskTier
+
+    tier = DiskTier(str(small_tmpfs / "ssd"), QUOTA, block_size=MiB, free_space_ratio=0)
+    file = f"ds/{'a' * 32}"
+    blocks = [os.urandom(MiB), os.urandom(MiB // 2)]
+    try:
+        for i, data in enumerate(blocks):
+            assert tier.put(f"{file}/{i}", data)
+        tier._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        _fill_to_zero(small_tmpfs)
+        assert tier.open_whole(file, MiB + MiB // 2, 2) is None
+        assert [bytes(tier.get(f"{file}/{i}")) for i in range(2)] == blocks and tier.healthy
+    finally:
+        tier.close()
+    with caplog.at_level("WARNING", logger="datacache.cache.disk"):
+        other = DiskTier(str(small_tmpfs / "other-ssd"), QUOTA, block_size=MiB, free_space_ratio=FREE_SPACE_RATIO)
+    try:
+        assert not other.healthy and other.put(f"{file}/0", blocks[0]) is False
+        assert [r.getMessage() for r in caplog.records] == [
+            f"cache tier {small_tmpfs / 'other-ssd'} (SSD) cannot be used, reads go to the UFS uncached: "
+            f"{DEVICE_FULL} (tried again every 30 s)"]
+    finally:
+        other.close()
+
+
 def test_a_device_too_full_for_the_index_to_record_an_eviction_frees_a_cache_file_first(small_tmpfs):
     """At 0 bytes free the index cannot record an eviction (SQLite: "database or disk is full"),
     and a tier that evicts only after recording stayed full for good (1 btrfs fill of 12). The
@@ -196,12 +236,7 @@ def test_a_device_too_full_for_the_index_to_record_an_eviction_frees_a_cache_fil
         for key, data in blocks.items():
             assert tier.put(key, data)
         tier._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the index's next write needs new space
-        fd = os.open(small_tmpfs / "other", os.O_WRONLY | os.O_CREAT)  # someone else's file takes every byte left
-        with contextlib.suppress(OSError):
-            while os.write(fd, bytes(4096)):
-                pass
-        os.close(fd)
-        assert os.statvfs(small_tmpfs).f_bavail == 0
+        _fill_to_zero(small_tmpfs)
         blocks[new] = os.urandom(MiB)
         assert tier.put(new, blocks[new])  # in the room the old file's 2 MiB left
         assert tier.emergency_unlinks == 1 and tier.healthy

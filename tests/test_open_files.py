@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from datacache.cache import openfiles
 from datacache.cache.disk import DiskTier
@@ -83,19 +84,47 @@ def test_a_descriptor_in_use_is_closed_only_after_its_reader(tmp_path):
     assert path not in _open_fds()
 
 
-def test_the_sweep_closes_files_another_process_unlinked(tmp_path, monkeypatch):
-    monkeypatch.setattr(openfiles, "SWEEP_S", 0.0)
+def test_the_sweep_closes_files_another_process_unlinked_or_grew_while_nothing_is_read(tmp_path, monkeypatch):
+    """An idle reader (a FUSE daemon serving through passthrough) held 25-41 MiB of files other
+    processes had evicted, or had filled past the size bound after it kept them, for 12 minutes:
+    only its next keep swept. The sweep thread lets them go within ``SWEEP_S``."""
+    monkeypatch.setattr(openfiles, "SWEEP_S", 0.05)
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     for p in (a, b):
         with open(p, "wb") as f:
             f.write(b"1")
-    files = OpenFiles()
-    with files.using(a):
-        pass
-    os.unlink(a)  # evicted elsewhere; this process never reads it again
-    with files.using(b):  # any later keep sweeps
-        pass
-    assert len(files) == 1 and not any(p.startswith(a) for p in _open_fds())
+    files = OpenFiles(max_file=1 << 20)
+    try:
+        for p in (a, b):
+            with files.using(p):
+                pass
+        assert len(files) == 2
+        os.unlink(a)  # evicted elsewhere; this process never reads it again
+        with open(b, "ab") as f:  # more of its blocks stored elsewhere: past max_file now
+            f.write(os.urandom(2 << 20))
+        deadline = time.monotonic() + 5
+        while len(files) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(files) == 0 and not any(p.startswith((a, b)) for p in _open_fds())
+    finally:
+        files.close()
+
+
+def test_a_kept_file_grown_past_the_bound_is_let_go_after_its_next_use(tmp_path):
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(b"x" * 100)
+    files = OpenFiles(max_file=1 << 20)
+    try:
+        with files.using(path):
+            pass
+        with open(path, "ab") as f:
+            f.write(os.urandom(2 << 20))
+        with files.using(path) as fd:
+            assert os.pread(fd, 3, 0) == b"xxx"  # this read still gets it
+        assert len(files) == 0 and path not in _open_fds()
+    finally:
+        files.close()
 
 
 def test_large_files_are_not_kept(tmp_path):

@@ -226,6 +226,11 @@ def _is_damaged(err: BaseException) -> bool:
     return getattr(err, "sqlite_errorcode", None) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
+DEVICE_FULL = ("the cache device is full or short of its free-space reserve (before the quota): free space on "
+               "it, or lower tieredstore.levels[].quota or tieredstore.levels[].freeSpaceRatio")
+"""Why a block was not cached, or a tier not opened, on a device that filled before the quota."""
+
+
 def _is_full(err: BaseException) -> bool:
     """ENOSPC/EDQUOT, or SQLite's "database or disk is full"."""
     if isinstance(err, OSError):
@@ -379,7 +384,10 @@ class DiskTier:
         return db
 
     def _cannot_open(self, err: BaseException) -> bool:
-        if self.healthy:
+        if self.healthy and (_is_full(err) or self._device_full()):  # SQLite says "disk I/O error" then
+            log.warning("cache tier %s (%s) cannot be used, reads go to the UFS uncached: %s (tried again every "
+                        "%g s)", self.path, self.medium, DEVICE_FULL, RECHECK_S)
+        elif self.healthy:
             log.warning("cache tier %s (%s) cannot be used, reads go to the UFS uncached: %s (fix: make %s "
                         "writable by uid %d, or set the CacheRuntime's tieredstore.levels[].path to a writable "
                         "directory; tried again every %g s)", self.path, self.medium, err, self.path,
@@ -634,6 +642,10 @@ class DiskTier:
                         "UPDATE files SET exposed = 1 WHERE file = ? AND name = ? AND "
                         "(SELECT COUNT(*) FROM blocks WHERE file = ? AND digest != '') = ?",
                         (file, name, file, blocks)).rowcount
+        except sqlite3.Error as err:  # a full device cannot record the mark: read through the blocks
+            os.close(fd)
+            self._mark_unhealthy(err)
+            return None
         except BaseException:
             os.close(fd)
             raise
@@ -823,6 +835,13 @@ class DiskTier:
             return 0
         return max(0, int(self.free_space_ratio * st.f_blocks * st.f_frsize) + self._writing + size
                    - st.f_bavail * st.f_frsize)
+
+    def _device_full(self) -> bool:
+        """Whether the tier's device has 0 bytes free (False when it cannot be asked)."""
+        try:
+            return self._free() == 0
+        except OSError:
+            return False
 
     def _free(self) -> int:
         """Bytes free on the tier's device for unprivileged writes (``statvfs``)."""
@@ -1128,6 +1147,11 @@ class DiskTier:
             return self._db is not None
 
     def _mark_unhealthy(self, err: BaseException) -> None:
+        """Stop using the tier for ``RECHECK_S`` seconds after a device or index error; a full
+        device only counts in ``full_bypasses`` (reads of what is stored go on)."""
+        if _is_full(err):
+            self.full_bypasses += 1
+            return
         if self.healthy:
             log.warning("cache tier %s (%s) is unhealthy, reads go to the UFS: %s", self.path, self.medium, err)
         self.healthy = False

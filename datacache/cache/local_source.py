@@ -24,6 +24,7 @@ import logging
 from concurrent.futures import Future
 
 from datacache.cache.blocks import BlockKey, PieceBlock, block_count, block_range, file_id
+from datacache.cache.disk import DEVICE_FULL
 from datacache.cache.filllock import FillLocks
 from datacache.cache.readahead import ReadAhead
 from datacache.cache.stats import HitStats
@@ -218,10 +219,6 @@ class LocalBlockSource:
         if self.stats is not None:
             self.stats.close()
         self.store.close()
-
-
-DEVICE_FULL = ("the cache device is full or short of its free-space reserve (before the quota): free space on "
-               "it, or lower tieredstore.levels[].quota or tieredstore.levels[].freeSpaceRatio")
 
 
 def full_bypasses(store) -> int:

@@ -118,13 +118,16 @@ class DatasetOperations(Operations):
             self._watcher.start()
 
     def _watch_manifest(self) -> None:
-        """Pick up a ``datacache sync`` made by another process (the client calls
-        :meth:`_on_change` when the stored manifest is new)."""
+        """Every ``reload_interval`` seconds: pick up a ``datacache sync`` made by another process
+        (the client calls :meth:`_on_change` when the stored manifest is new), and let go of idle
+        backing files the cache evicted (:meth:`BackingFiles.sweep`)."""
         while not self._stop.wait(self._reload_interval):
             try:
                 self.client.namespace.maybe_reload()
             except Exception as err:  # noqa: BLE001 - a half-written manifest: keep the current one
                 log.warning("could not reload the manifest: %s", err)
+            if self.session is not None:
+                self.session.backing.sweep()
 
     def destroy(self) -> None:
         """Stop the watcher and close every handle (the session ended)."""
