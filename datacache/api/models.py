@@ -786,7 +786,7 @@ object-storage keys when the volume's own are not to be used. The volume is form
 
 
 class JuiceFSFuseSpec(_Model):
-    """``JuiceFSRuntime.spec.fuse``: ``options`` passed to ``juicefs mount`` as ``--NAME VALUE``
+    """``JuiceFSRuntime.spec.fuse``: ``options`` passed to ``juicefs mount`` as ``--NAME=VALUE``
     (``--NAME`` alone for ``"true"``), e.g. ``{"attr-cache": "10", "read-only": "true"}``."""
 
     options: dict[str, str] = Field(default_factory=dict)
@@ -814,9 +814,10 @@ class JuiceFSRuntimeSpec(_Model):
     """``JuiceFSRuntime.spec`` (Fluid's JuiceFSRuntime, Community Edition): the JuiceFS client's
     cache and mount flags. Each ``tieredstore`` level becomes JuiceFS cache: SSD/HDD levels
     ``--cache-dir`` (``<path>/<namespace>/<name>``, several joined by ':') and ``--cache-size``
-    (the sum of their quotas, in MiB) and ``--free-space-ratio`` (the largest of their
-    ``freeSpaceRatio``, each unset one the node's default); a MEM level ``--buffer-size`` (its
-    quota, in MiB).
+    (the sum of their quotas, in MiB) and ``--free-space-ratio`` (their ``freeSpaceRatio``, unset:
+    the node's default); a MEM level ``--buffer-size`` (its quota, in MiB). Disk levels must
+    agree on quota and freeSpaceRatio (JuiceFS splits the cache size evenly over its
+    directories).
     ``replicas``: 0 or 1 (one JuiceFS client on this machine). ``clean_cache_policy``: on delete,
     ``OnRuntimeDeleted`` removes the cache directories (Fluid cleans the cache on shutdown),
     ``Retain`` keeps them for the next runtime of that name."""
@@ -825,6 +826,25 @@ class JuiceFSRuntimeSpec(_Model):
     tieredstore: TieredStore | None = None
     fuse: JuiceFSFuseSpec = Field(default_factory=JuiceFSFuseSpec)
     clean_cache_policy: Literal["OnRuntimeDeleted", "Retain"] = "OnRuntimeDeleted"
+
+    @model_validator(mode="after")
+    def _check_disk_levels(self) -> "JuiceFSRuntimeSpec":
+        """JuiceFS gives each cache directory an equal share of ``--cache-size`` and one
+        ``--free-space-ratio`` for all (pkg/chunk/disk_cache.go): disk levels must agree."""
+        levels = self.tieredstore.levels if self.tieredstore is not None else []
+        disks = [(i, level) for i, level in enumerate(levels) if level.mediumtype != "MEM"]
+        problems: list[tuple[Loc, str]] = []
+        for i, level in disks[1:]:
+            first_i, first = disks[0]
+            for field, name in (("quota", "quota"), ("free_space_ratio", "freeSpaceRatio")):
+                if getattr(level, field) != getattr(first, field):
+                    problems.append((("tieredstore", "levels", i, name), (
+                        f"differs from levels[{first_i}].{name}: JuiceFS splits --cache-size evenly over its "
+                        "cache directories and keeps one --free-space-ratio for all; give the disk levels the "
+                        f"same {name}, or use one disk level")))
+        if problems:
+            raise FieldProblems(problems)
+        return self
 
 
 class JuiceFSRuntime(_Model):

@@ -129,20 +129,20 @@ def parse_check(out: str) -> tuple[int, int, str]:
 
 def mount_flags(levels: list[tuple[str, str, int, float]], options: dict[str, str]) -> list[str]:
     """``juicefs mount`` flags for tiered-store ``levels`` (``(medium, directory, quota bytes,
-    free-space ratio)``) and fuse ``options``: disk levels -> ``--cache-dir a:b --cache-size MiB
-    --free-space-ratio R`` (JuiceFS has one ratio for all its cache directories: the largest of
-    the levels'), MEM -> ``--buffer-size MiB``; an option ``true`` -> ``--NAME``, else
-    ``--NAME VALUE``."""
+    free-space ratio)``; disk levels agree on the ratio, see ``JuiceFSRuntimeSpec``) and fuse
+    ``options``: disk levels -> ``--cache-dir a:b --cache-size MiB --free-space-ratio R``, MEM ->
+    ``--buffer-size MiB``; an option ``true`` -> ``--NAME``, else ``--NAME=VALUE`` (the one form
+    a boolean flag such as ``--writeback=false`` takes too)."""
     flags: list[str] = []
     disks = [(d, q, r) for medium, d, q, r in levels if medium != "MEM"]
     if disks:
         flags += ["--cache-dir", ":".join(d for d, _, _ in disks),
                   "--cache-size", str(sum(q for _, q, _ in disks) >> 20),
-                  "--free-space-ratio", f"{max(r for _, _, r in disks):g}"]
+                  "--free-space-ratio", f"{disks[0][2]:g}"]
     for medium, _, quota, _ in levels:
         if medium == "MEM":
             flags += ["--buffer-size", str(max(quota >> 20, 1))]
     for name, value in sorted(options.items()):
-        flags += [f"--{name}"] if value == "true" else [f"--{name}", value]
+        flags.append(f"--{name}" if value == "true" else f"--{name}={value}")
     return flags
 

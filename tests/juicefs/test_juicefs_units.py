@@ -42,11 +42,11 @@ def test_redact_hides_values_and_url_passwords():
 
 
 def test_mount_flags_from_levels_and_options():
-    levels = [("MEM", "", 64 << 20, 0.5), ("SSD", "/ssd/default/jfs", 10 << 30, 0.05),
-              ("HDD", "/hdd/default/jfs", 2 << 30, 0.2)]
-    assert juicefs_cli.mount_flags(levels, {"attr-cache": "10", "read-only": "true"}) == [
-        "--cache-dir", "/ssd/default/jfs:/hdd/default/jfs", "--cache-size", str(12 << 10),
-        "--free-space-ratio", "0.2", "--buffer-size", "64", "--attr-cache", "10", "--read-only"]
+    levels = [("MEM", "", 64 << 20, 0.5), ("SSD", "/ssd/default/jfs", 10 << 30, 0.2),
+              ("HDD", "/hdd/default/jfs", 10 << 30, 0.2)]
+    assert juicefs_cli.mount_flags(levels, {"attr-cache": "10", "read-only": "true", "writeback": "false"}) == [
+        "--cache-dir", "/ssd/default/jfs:/hdd/default/jfs", "--cache-size", str(20 << 10),
+        "--free-space-ratio", "0.2", "--buffer-size", "64", "--attr-cache=10", "--read-only", "--writeback=false"]
     assert juicefs_cli.mount_flags([], {}) == []
 
 
@@ -62,6 +62,23 @@ def test_the_free_space_ratio_is_the_levels_else_the_nodes(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match="DATACACHE_FREE_SPACE_RATIO"):
         JuiceFSEngine(_runtime({"tieredstore": {"levels": [{"mediumtype": "SSD", "path": "/ssd", "quota": "1Gi"}]}}),
                       str(tmp_path)).flags()
+
+
+def test_disk_levels_that_juicefs_cannot_keep_apart_are_refused():
+    """JuiceFS splits --cache-size evenly over its cache directories (a 16Mi SSD level held
+    20 MiB next to a 150Mi HDD one) and keeps one --free-space-ratio."""
+    with pytest.raises(ConfigError) as err:
+        _runtime({"tieredstore": {"levels": [
+            {"mediumtype": "SSD", "path": "/ssd", "quota": "16Mi", "freeSpaceRatio": 0.5},
+            {"mediumtype": "HDD", "path": "/hdd", "quota": "150Mi", "freeSpaceRatio": 0.05},
+            {"mediumtype": "MEM", "quota": "1Gi"}]}})
+    lines = str(err.value).splitlines()
+    assert [line.split(": ")[1] for line in lines] == [
+        "spec.tieredstore.levels[1].quota", "spec.tieredstore.levels[1].freeSpaceRatio"], lines
+    assert lines[0].startswith("test.yaml: spec.tieredstore.levels[1].quota: differs from levels[0].quota: "
+                               "JuiceFS splits --cache-size evenly over its cache directories")
+    _runtime({"tieredstore": {"levels": [{"mediumtype": "SSD", "path": "/ssd", "quota": "1Gi"},
+                                         {"mediumtype": "HDD", "path": "/hdd", "quota": "1Gi"}]}})
 
 
 def test_parse_info_and_check():
