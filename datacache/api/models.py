@@ -801,6 +801,8 @@ class JuiceFSFuseSpec(_Model):
         if bad:
             problems.append(f"option name(s) {', '.join(map(repr, bad))} are not juicefs mount flags: write the "
                             "flag in lowercase without dashes in front, e.g. attr-cache")
+        if value.get("read-only", "true") != "true":
+            problems.append("option read-only: a Dataset is read-only, so its juicefs mount is too: remove it")
         if taken:
             problems.append(f"option(s) {', '.join(taken)} are set by datacache (cache dirs, sizes and the "
                             "free-space reserve come from tieredstore, the sub-directory from the Dataset's "

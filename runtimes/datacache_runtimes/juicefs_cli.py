@@ -131,9 +131,10 @@ def mount_flags(levels: list[tuple[str, str, int, float]], options: dict[str, st
     """``juicefs mount`` flags for tiered-store ``levels`` (``(medium, directory, quota bytes,
     free-space ratio)``; disk levels agree on the ratio, see ``JuiceFSRuntimeSpec``) and fuse
     ``options``: disk levels -> ``--cache-dir a:b --cache-size MiB --free-space-ratio R``, MEM ->
-    ``--buffer-size MiB``; an option ``true`` -> ``--NAME``, else ``--NAME=VALUE`` (the one form
-    a boolean flag such as ``--writeback=false`` takes too)."""
-    flags: list[str] = []
+    ``--buffer-size MiB``; always ``--read-only`` (a Dataset is read-only: a writable mount let
+    a reader delete a file of the volume); an option ``true`` -> ``--NAME``, else
+    ``--NAME=VALUE`` (the one form a boolean flag such as ``--writeback=false`` takes too)."""
+    flags: list[str] = ["--read-only"]
     disks = [(d, q, r) for medium, d, q, r in levels if medium != "MEM"]
     if disks:
         flags += ["--cache-dir", ":".join(d for d, _, _ in disks),
@@ -143,6 +144,8 @@ def mount_flags(levels: list[tuple[str, str, int, float]], options: dict[str, st
         if medium == "MEM":
             flags += ["--buffer-size", str(max(quota >> 20, 1))]
     for name, value in sorted(options.items()):
+        if name == "read-only":  # given above
+            continue
         flags.append(f"--{name}" if value == "true" else f"--{name}={value}")
     return flags
 

@@ -11,6 +11,7 @@ appear in any output, status or log.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -159,6 +160,12 @@ def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path, monkeypatc
         assert reader.poll() is None, (tmp_path / "mount.out").read_text()
         assert _read_all(mnt, in_data) == _sha(in_data)
         assert not os.path.exists(os.path.join(mnt, "outside"))  # only /data of the volume
+        for change in (lambda: open(os.path.join(mnt, "new.txt"), "wb"),
+                       lambda: os.unlink(os.path.join(mnt, "train", "a.txt"))):
+            with pytest.raises(OSError) as err:  # read-only: a reader cannot change the volume
+                change()
+            assert err.value.errno == errno.EROFS
+        assert _read_all(mnt, in_data) == _sha(in_data)
 
         # kill the juicefs client (its own watchdog too): a dead mount, re-mounted by the supervisor
         clients = [p for p in processes_naming(mnt) if _is_juicefs(p)]

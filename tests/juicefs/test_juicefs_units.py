@@ -45,9 +45,9 @@ def test_mount_flags_from_levels_and_options():
     levels = [("MEM", "", 64 << 20, 0.5), ("SSD", "/ssd/default/jfs", 10 << 30, 0.2),
               ("HDD", "/hdd/default/jfs", 10 << 30, 0.2)]
     assert juicefs_cli.mount_flags(levels, {"attr-cache": "10", "read-only": "true", "writeback": "false"}) == [
-        "--cache-dir", "/ssd/default/jfs:/hdd/default/jfs", "--cache-size", str(20 << 10),
-        "--free-space-ratio", "0.2", "--buffer-size", "64", "--attr-cache=10", "--read-only", "--writeback=false"]
-    assert juicefs_cli.mount_flags([], {}) == []
+        "--read-only", "--cache-dir", "/ssd/default/jfs:/hdd/default/jfs", "--cache-size", str(20 << 10),
+        "--free-space-ratio", "0.2", "--buffer-size", "64", "--attr-cache=10", "--writeback=false"]
+    assert juicefs_cli.mount_flags([], {}) == ["--read-only"]
 
 
 def test_the_free_space_ratio_is_the_levels_else_the_nodes(tmp_path, monkeypatch):
@@ -94,9 +94,11 @@ def test_parse_info_and_check():
 
 def test_fuse_options_datacache_sets_are_refused():
     with pytest.raises(ConfigError) as err:
-        _runtime({"fuse": {"options": {"cache-dir": "/x", "free-space-ratio": "0", "Attr_Cache": "1"}}})
+        _runtime({"fuse": {"options": {"cache-dir": "/x", "free-space-ratio": "0", "Attr_Cache": "1",
+                                       "read-only": "false"}}})
     text = str(err.value)
     assert "spec.fuse.options" in text and "cache-dir, free-space-ratio" in text and "'Attr_Cache'" in text
+    assert "option read-only: a Dataset is read-only, so its juicefs mount is too: remove it" in text
 
 
 def test_metaurl_must_be_a_secret():
