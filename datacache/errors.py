@@ -44,6 +44,11 @@ class ResourceError(DatacacheError):
     """A named resource is missing or in a state that forbids the request (e.g. no runtime bound)."""
 
 
+class SecretNotFound(ResourceError):
+    """A secret reference has no value here (neither its environment variable nor its file): the
+    request needs it; the resource itself may be fine (another shell or node has it)."""
+
+
 class StaleFileError(OSError):
     """The file changed in the UFS since its manifest entry was taken (errno ESTALE).
 

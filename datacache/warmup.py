@@ -37,7 +37,7 @@ from typing import Callable
 from datacache.cache.blocks import block_count
 from datacache.cache.disk import DEVICE_FULL
 from datacache.cache.local_source import FILL_COPIES, full_bypasses
-from datacache.errors import StaleFileError
+from datacache.errors import DatacacheError, StaleFileError
 from datacache.manifest import FileEntry
 
 _MAX_LISTED = 10
@@ -251,9 +251,11 @@ def close_after(client, result: WarmupResult | None) -> None:
 
 def _reason(err: Exception) -> str:
     """Why a file failed, in one line: ENOSPC's own text says why the cache did not keep it
-    (quota, full device, unhealthy tier)."""
+    (quota, full device, unhealthy tier); a user's mistake (a missing secret) is its message."""
     if isinstance(err, OSError) and err.errno == errno.ENOSPC and err.strerror:
         return err.strerror
+    if isinstance(err, DatacacheError):
+        return str(err)
     return f"{type(err).__name__}: {getattr(err, 'strerror', None) or err}"
 
 

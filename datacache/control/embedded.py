@@ -45,7 +45,7 @@ from datacache.stack.readpath import ReadPath, distributed
 from datacache.state import StateStore, default_home, now_iso
 from datacache.control.sync import sync_manifest
 from datacache.warmup import close_after, warmup
-from datacache.errors import DatacacheError, ResourceError, describe_error
+from datacache.errors import DatacacheError, ResourceError, SecretNotFound, describe_error
 from datacache.manifest import Manifest, ManifestDiff
 from datacache.ufs.mounts import UnionNamespace
 
@@ -521,6 +521,8 @@ class Embedded:
             return reconcile.DatasetObservation(**known, not_ready=state.reason)
         try:
             rep = engine.report(ds)
+        except SecretNotFound as err:  # this shell lacks them: not the dataset's failure
+            return reconcile.DatasetObservation(**known, not_ready=f"its figures need the dataset's secrets: {err}")
         except (DatacacheError, OSError, ValueError) as err:
             return reconcile.DatasetObservation(**known, error=f"cache unreadable: {describe_error(err)}")
         known.update(file_num=rep.files, ufs_total=rep.ufs_total)

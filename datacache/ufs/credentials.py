@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 
-from datacache.errors import ResourceError
+from datacache.errors import SecretNotFound
 
 
 SECRET_ENV_PREFIX = "DATACACHE_SECRET_"
@@ -32,7 +32,7 @@ def env_name(secret: str, key: str) -> str:
 def resolve_secret(secret: str, key: str, home: str, where: str) -> str:
     """The value of ``secret``/``key``; ``where`` locates the reference in error messages.
 
-    Raises :class:`ResourceError` naming the reference and both places it looked.
+    Raises :class:`SecretNotFound` naming the reference and both places it looked.
     """
     var = env_name(secret, key)
     if var in os.environ:
@@ -42,7 +42,7 @@ def resolve_secret(secret: str, key: str, home: str, where: str) -> str:
         with open(path, encoding="utf-8") as f:
             return f.read().rstrip("\n")
     except FileNotFoundError:
-        raise ResourceError(
+        raise SecretNotFound(
             f"{where}: secret {secret!r} key {key!r} not found: set the environment variable {var} "
             f"or write the value to {path}"
         ) from None

@@ -132,6 +132,15 @@ def test_juicefs_runtime_end_to_end(volume, juicefs_binary, tmp_path, monkeypatc
     assert st["cacheStates"]["cachedPercentage"] == whole
     rt = dc.status("juicefsruntime", "jfs")
     assert rt["phase"] == "Ready" and rt["cacheCapacity"] == "1.00GiB"
+    # a status read in a shell without the secrets cannot count, and the dataset has not failed
+    bare = subprocess.run([sys.executable, "-m", "datacache", "describe", "dataset", "jfs"], capture_output=True,
+                          text=True, timeout=120, env={k: v for k, v in dc.env.items()
+                                                       if not k.startswith("DATACACHE_SECRET_")})
+    st = yaml.safe_load(bare.stdout)["status"]
+    (cond,) = st["conditions"]
+    assert (st["phase"], cond["reason"], st["cacheStates"]["cachedPercentage"]) == ("Bound", "RuntimeNotReady", "-")
+    assert cond["message"].startswith("its figures need the dataset's secrets: ") and "not found" in cond["message"]
+    assert dc.status("dataset", "jfs")["cacheStates"]["cachedPercentage"] == whole  # with them again
     assert sum(os.path.getsize(os.path.join(b, n)) for b, _, ns in os.walk(cache_dir) for n in ns) >= \
         sum(map(len, train.values()))  # the blocks are in the level's directory
 
