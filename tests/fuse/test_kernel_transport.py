@@ -504,3 +504,37 @@ def test_requests_the_kernel_does_not_send_here():
     finally:
         theirs.close()
         session.close()
+
+
+def test_a_users_mistake_in_a_handler_is_one_log_line_and_eio_a_bug_keeps_its_traceback(tree, tmp_path, caplog):
+    """A read that needs a secret this shell lacks logged "failed unexpectedly" and a traceback;
+    it is the user's to fix, so its one-line message is the log line. A bug keeps its traceback."""
+    from datacache.errors import SecretNotFound
+
+    class Failing(MirrorOperations):
+        def read(self, ino, fh, offset, size):
+            if offset == 0:
+                raise SecretNotFound("dataset default/x: secret 's3' key 'access-key' not found: set DATACACHE_...")
+            raise ValueError("a bug")
+
+    root, _ = tree
+    mp = str(tmp_path / "mnt")
+    os.makedirs(mp)
+    server = FuseServer(Failing(root), mp, fsname="datacache:test/failing")
+    server.start()
+    try:
+        with caplog.at_level("WARNING", logger="datacache_fuse"):
+            for offset in (0, 8192):
+                with open(os.path.join(mp, "big.bin"), "rb", buffering=0) as f:
+                    with pytest.raises(OSError) as err:
+                        os.pread(f.fileno(), 4096, offset)
+                    assert err.value.errno == errno.EIO
+        said = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+        mistakes = [s for s in said if s[0] == "WARNING"]  # the kernel may retry a failed read once
+        assert set(mistakes) == {("WARNING", "mnt: READ: EIO: dataset default/x: secret 's3' key 'access-key' "
+                                             "not found: set DATACACHE_...", False)}, said
+        assert [(level, message.endswith("READ failed unexpectedly; answering EIO"), tb)
+                for level, message, tb in said[len(mistakes):]] == [("ERROR", True, True)], said
+    finally:
+        assert server.stop(timeout=10)
+

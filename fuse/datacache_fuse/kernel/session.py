@@ -52,6 +52,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from datacache.errors import DatacacheError
 from datacache_fuse.kernel import abi
 from datacache_fuse.kernel.abi import InitFlag, Op, OpenFlag
 from datacache_fuse.kernel.errnos import errno_of
@@ -431,7 +432,9 @@ class Session:
             out = handler(nodeid, body, req)
         except Exception as err:  # noqa: BLE001 - every request gets an answer
             code = errno_of(err)
-            if not isinstance(err, OSError):
+            if isinstance(err, DatacacheError):  # a user's mistake (a missing secret): its own one line
+                log.warning("%s: %s: EIO: %s", self.name, _opname(opcode), err)
+            elif not isinstance(err, OSError):
                 log.exception("%s: %s failed unexpectedly; answering EIO", self.name, _opname(opcode))
             elif code == errno.EIO:
                 log.warning("%s: %s: EIO: %s", self.name, _opname(opcode), err)
