@@ -17,9 +17,10 @@ What it must not do is serve bytes of a file that is gone or hold disk space the
   caller's check, as for every read);
 - space of a file another process evicted is held until the file is next used, dropped from the
   least recently used end, or found unlinked by the sweep that a thread runs every ``SWEEP_S``
-  seconds while files are kept (an idle FUSE daemon held 25-41 MiB of evicted files on a 64 MiB
-  tmpfs for 12 minutes when only its next keep swept); at most ``max_bytes`` bytes of files are
-  kept open at once, so that is the bound on space held past an eviction for ``SWEEP_S``;
+  seconds while files are kept (it ran at the next keep only, so an idle reader held evicted
+  files until then, as the FUSE daemon's idle passthrough files did: 25-41 MiB of a small device
+  for 12 minutes); at most ``max_bytes`` bytes of files are kept open at once, so that is the
+  bound on space held past an eviction for ``SWEEP_S``;
 - a kept file that grew past ``max_file`` (more of its blocks stored since) is let go at its next
   use or sweep, so the bound counts what the files hold now.
 """
