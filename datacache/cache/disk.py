@@ -817,10 +817,7 @@ class DiskTier:
         except (OSError, sqlite3.Error) as err:
             if self._db is None:  # closed under a put (a load abandoned at shutdown): nothing to report
                 return False
-            if _is_full(err):  # still full, or the index could not grow: skip it, stay healthy
-                self.full_bypasses += 1
-            else:
-                self._mark_unhealthy(err)
+            self._mark_unhealthy(err)  # still full, or the index could not grow: counted, stays healthy
         return False
 
     def _shortfall(self, size: int) -> int:
