@@ -1,7 +1,8 @@
 """``python -m benchmarks.warmup_child HOME DATASET TARGET...``: one datacache warmup, measured.
 
 Runs ``Embedded(HOME).warmup(DATASET, TARGETS)`` (what ``datacache warmup`` runs, with its
-malloc settings, ``procmem.keep_blocks_malloc``) in a process of its own and prints one JSON line:
+malloc settings, ``procmem.keep_blocks_malloc``, and ``procmem.freeze_gc``) in a process of its
+own and prints one JSON line:
 ``seconds`` (wall, the warmup call only: interpreter start-up and imports are outside it, as a
 copy's are), ``bytes``, ``files``, ``ok``, the first ``failures`` and ``vm_hwm_mib`` (this
 process's peak RSS, ``VmHWM``: ``ru_maxrss`` would carry the parent's peak over
@@ -29,6 +30,7 @@ def main(argv: list[str]) -> int:
     home, dataset, targets = argv[0], argv[1], argv[2:]
     procmem.keep_blocks_malloc()  # as `datacache warmup` does (datacache.cli.warmupbar)
     plane = Embedded(home)
+    procmem.freeze_gc()
     try:
         t0 = time.perf_counter()
         _, result = plane.warmup(dataset, targets)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 import os
 
 MMAP_THRESHOLD = 1 << 20  # bytes: larger allocations are mmap-backed, unmapped when freed
@@ -72,6 +73,18 @@ def keep_blocks_malloc(arenas: int = ARENAS) -> bool:
     return _mallopt((("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, WARMUP_MMAP_THRESHOLD),
                      ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, WARMUP_TRIM_THRESHOLD),
                      ("MALLOC_ARENA_MAX", _M_ARENA_MAX, arenas)))
+
+
+def freeze_gc() -> int:
+    """Move every object alive now (the imported modules, a UFS client's service models) into
+    the garbage collector's permanent generation (``gc.freeze``, Python 3.7+), so the full
+    collections that a bulk load's short-lived objects trigger stop traversing them again; a
+    frozen object that becomes garbage stays until exit, which a process that exits when done
+    (``datacache warmup``) does not notice. Measured (56 x 8 MiB from S3 behind the delay proxy,
+    this project's 2-CPU VM, three pairs interleaved): 1.68-1.78 s against 1.78-1.90 s unfrozen.
+    Returns the number of objects frozen."""
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def _mallopt(settings) -> bool:

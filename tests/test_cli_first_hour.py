@@ -302,3 +302,16 @@ def test_warmup_of_a_file_changed_since_the_sync_loads_its_current_version(datac
     assert dc("cat", "datacache://changed/val/a.bin", home=datacache_home, check=True).stdout == new  # a URL too
     listing = dc("ls", "-l", "changed/val", home=datacache_home, check=True).stdout.decode().split("\n")
     assert listing[0].split() == ["150000", "100.0%", "a.bin"]  # the manifest names the current version
+
+
+def test_a_failed_warmups_bar_ends_at_what_is_cached(datacache_home, tmp_path):
+    # 80 MiB into a 64 MiB quota: the bar used to end full (80.0/80.0 MiB) above a Failed summary
+    local_dataset(tmp_path, datacache_home, "big", {f"{i}.bin": os.urandom(10 << 20) for i in range(8)})
+    proc = dc("warmup", "big", home=datacache_home, env=TTY)
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 1 and "/: Failed: 8 files" in out, out
+    [cached] = re.findall(r"/: Failed: 8 files, ([0-9.]+)MiB of 80.00MiB cached", out)
+    done, total = re.findall(r"([0-9.]+)/([0-9.]+) MiB", err)[-1]
+    assert float(total) == 80.0 and 0 < float(cached) < 64, (out, err)
+    assert abs(float(done) - float(cached)) <= 0.05, (done, cached)
+    assert re.findall(r"(\d+)/8 files", err)[-1] != "8"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import (
     AfterValidator,
@@ -25,6 +25,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -98,9 +99,32 @@ class FieldProblems(ValueError):
 
 
 class _Model(BaseModel):
-    """Base of all models: camelCase aliases, snake_case attributes, unknown fields forbidden."""
+    """Base of all models: camelCase aliases, snake_case attributes, unknown fields forbidden, and
+    no ``true``/``false`` where a number or quantity goes (pydantic's lax mode reads them as 1 and
+    0: ``quota: true`` was a one-byte quota, ``high: true`` a watermark of 1)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name and _numeric_only(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"must be a number, got {str(value).lower()}")
+        return value
+
+
+def _numeric_only(annotation: Any) -> bool:
+    """True when ``annotation`` takes numbers (int, float, a quantity) and not booleans."""
+    found: set[type] = set()
+
+    def walk(a: Any) -> None:
+        if a in (int, float, bool, str) or a is Any:
+            found.add(object if a is Any else a)
+        for arg in get_args(a):
+            walk(arg)
+
+    walk(annotation)
+    return bool(found & {int, float}) and not found & {bool, object}
 
 
 # --- names --------------------------------------------------------------------------------------
@@ -651,6 +675,18 @@ class CacheRuntimeSpec(_Model):
     def block_size_bytes(self) -> int:
         """The block size in bytes."""
         return parse_quantity(self.block_size)
+
+    @model_validator(mode="after")
+    def _check_quotas(self) -> "CacheRuntimeSpec":
+        # A level stores whole blocks: one smaller than a block could never hold anything.
+        problems: list[tuple[Loc, str]] = [
+            (("tieredstore", "levels", i, "quota"),
+             f"{level.quota} is smaller than one block ({self.block_size}): a level holds whole blocks; "
+             f"give a quota of at least {self.block_size} or a smaller blockSize")
+            for i, level in enumerate(self.tieredstore.levels) if level.quota_bytes < self.block_size_bytes]
+        if problems:
+            raise FieldProblems(problems)
+        return self
 
 
 class RuntimeStatus(_Model):

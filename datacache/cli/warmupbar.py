@@ -35,6 +35,7 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
     Cancelled, one summary line: a new warmup loads only the rest)."""
     plane.bound(dataset, namespace)  # a missing dataset or runtime fails before any bar is drawn
     procmem.keep_blocks_malloc()  # before the segment threads start: see datacache.procmem
+    procmem.freeze_gc()
     columns = (TextColumn("[bold]warmup"), BarColumn(), TextColumn("{task.fields[files]} files"),
                DownloadColumn(binary_units=True), LoadRateColumn(), TimeRemainingColumn())
     bar = Progress(*columns, console=Console(stderr=True), disable=quiet)
@@ -55,6 +56,10 @@ def run_warmup(plane: Embedded, dataset: str, paths: list[str], namespace: str =
                                         check=check, trace=trace)
         if task is not None:  # the last frame shows the summary's rate, over the same duration
             bar.update(task, rate=result.loaded_bytes / result.duration if result.duration else 0.0)
+            if not result.ok:  # and what is cached: a failed or evicted file's bytes were gone over, not kept
+                total = next(t.total for t in bar.tasks if t.id == task) or 0
+                bar.update(task, completed=min(result.total("cached_bytes"), total),
+                           files=f"{result.total('cached_files')}/{result.total('files')}")
     finally:
         if task is not None:
             bar.stop()
