@@ -280,6 +280,7 @@ class DiskTier:
         self._writing_lock = threading.Lock()  # not the tier's lock: a write must not wait for an eviction
         self.write_errors = 0
         self.healthy = True
+        self.last_error = ""  # why the tier is unhealthy, with the fix ('' while healthy)
         self.direct_io = True  # bulk puts write with O_DIRECT until the file system refuses it
         self._damaged = False  # the last error said the index is damaged: the recheck reopens it
         self._unhealthy_since = 0.0
@@ -327,7 +328,7 @@ class DiskTier:
             self.sweeper.start()
         if not self.healthy:
             log.warning("cache tier %s (%s) is usable again", self.path, self.medium)
-            self.healthy = True
+            self.healthy, self.last_error = True, ""
         self._damaged = False
         return True
 
@@ -384,7 +385,11 @@ class DiskTier:
         return db
 
     def _cannot_open(self, err: BaseException) -> bool:
-        if self.healthy and (_is_full(err) or self._device_full()):  # SQLite says "disk I/O error" then
+        full = _is_full(err) or self._device_full()  # SQLite says "disk I/O error" then
+        self.last_error = f"cannot be opened: {DEVICE_FULL}" if full else (
+            f"cannot be opened: {err}: make {self.path} writable by uid {os.geteuid()}, or set the CacheRuntime's "
+            "tieredstore.levels[].path to a writable directory")
+        if self.healthy and full:
             log.warning("cache tier %s (%s) cannot be used, reads go to the UFS uncached: %s (tried again every "
                         "%g s)", self.path, self.medium, DEVICE_FULL, RECHECK_S)
         elif self.healthy:
@@ -812,7 +817,7 @@ class DiskTier:
                     stored = self._complete(file, index, path, offset, size, digest, token)
                 if stored and not self.healthy:
                     log.warning("cache tier %s (%s) takes writes again", self.path, self.medium)
-                    self.healthy = True
+                    self.healthy, self.last_error = True, ""
                 return stored
         except (OSError, sqlite3.Error) as err:
             if self._db is None:  # closed under a put (a load abandoned at shutdown): nothing to report
@@ -1151,7 +1156,7 @@ class DiskTier:
             return
         if self.healthy:
             log.warning("cache tier %s (%s) is unhealthy, reads go to the UFS: %s", self.path, self.medium, err)
-        self.healthy = False
+        self.healthy, self.last_error = False, f"a write failed: {err}: fix the device"
         self._damaged = _is_damaged(err)
         self.write_errors += 1
         self._unhealthy_since = time.monotonic()

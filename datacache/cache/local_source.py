@@ -233,8 +233,8 @@ def _not_kept(store, size: int, full_before: int) -> str:
     ``full_before``), else the quota itself."""
     for level in store.levels:
         if not getattr(level, "healthy", True):
-            return (f"the cache tier {level.path} ({level.medium}) is unhealthy after a write error "
-                    "(see the log): fix the device; writes are tried again after a while")
+            return (f"the cache tier {level.path} ({level.medium}) is unhealthy: {level.last_error}; writes are "
+                    "tried again after a while")
     if full_bypasses(store) > full_before:
         return DEVICE_FULL
     return f"a block of {size} bytes does not fit in the cache quota: raise tieredstore.levels[].quota"

@@ -290,8 +290,11 @@ class Embedded:
                                                   self._runtime_problem(rt))
             else:  # replicas 0 or 1: the in-process cache, no worker processes
                 store = self.store_for(rt)
-                cache = {"name": f"{name}-in-process", "ready": self._ready(rt), "capacity": store.capacity,
-                         "used": store.used()}
+                unhealthy = [{"medium": lv.medium, "path": lv.path, "reason": lv.last_error}
+                             for lv in store.levels if not getattr(lv, "healthy", True)]
+                cache = {"name": f"{name}-in-process", "capacity": store.capacity, "used": store.used(),
+                         "ready": self._ready(rt) and len(unhealthy) < len(store.levels),  # a level can cache
+                         "unhealthyTiers": unhealthy}
                 store.close()
                 status = reconcile.in_process_status(rt.spec.replicas, cache, self._runtime_problem(rt))
             if "lastScaleTime" in previous:  # written by the controller, not observed

@@ -124,17 +124,20 @@ def runtime_status(desired: int, workers: list[dict], problem: str = "") -> dict
 
 def tier_condition(workers: list[dict]) -> dict | None:
     """Condition ``CacheTiersHealthy`` from the workers that report their disk levels (key
-    ``unhealthyTiers``: a list of ``{"medium", "path"}`` of levels that refuse writes, whose reads
-    go to the UFS); None when no worker reports them. False (reason ``TierUnhealthy``) names each
-    such worker and directory."""
+    ``unhealthyTiers``: a list of ``{"medium", "path"}``, and ``reason`` where known, of levels
+    that refuse writes, whose reads go to the UFS); None when no worker reports them. False
+    (reason ``TierUnhealthy``) names each such worker and directory."""
     reporting = [w for w in workers if "unhealthyTiers" in w]
     if not reporting:
         return None
-    bad = [f"worker {w.get('name', '?')}: {t['medium']} tier {t['path']}" for w in reporting for t in w["unhealthyTiers"]]
+    tiers = [(w, t) for w in reporting for t in w["unhealthyTiers"]]
+    bad = [f"worker {w.get('name', '?')}: {t['medium']} tier {t['path']}" + (f" ({t['reason']})" if t.get("reason") else "")
+           for w, t in tiers]
     if bad:
         status, reason = "False", "TierUnhealthy"
-        message = ("cache tier cannot be written, its reads go to the UFS uncached: " + "; ".join(bad)
-                   + ": make the directory writable by the worker's uid (README: cache directories on the node)")
+        message = "cache tier cannot be written, its reads go to the UFS uncached: " + "; ".join(bad)
+        if any(not t.get("reason") for _, t in tiers):  # else each tier's reason says its fix
+            message += ": make the directory writable by the worker's uid (README: cache directories on the node)"
     else:
         status, reason, message = "True", "TiersHealthy", f"the cache tiers of {len(reporting)} worker(s) take writes"
     return {"type": "CacheTiersHealthy", "status": status, "reason": reason, "message": message,

@@ -157,8 +157,9 @@ def local_files(root, count: int, size: int) -> None:
 def test_warmup_says_why_the_cache_did_not_keep_blocks(datacache_home, tmp_path, small_device):
     local_files(tmp_path / "src", 8, 1 << 20)
     mounts = [{"name": "local", "mountPoint": str(tmp_path / "src")}]
-    # Quota: a 256 KiB block never fits a 200 KiB quota.
-    plane = apply_dataset(datacache_home, "quota", mounts, [{"mediumtype": "SSD", "path": "q", "quota": "200Ki"}],
+    # Quota: a 256 KiB block never fits a quota of 256 KiB that the index counts against too
+    # (a quota below one block is refused at apply).
+    plane = apply_dataset(datacache_home, "quota", mounts, [{"mediumtype": "SSD", "path": "q", "quota": "256Ki"}],
                           block_size="256Ki")
     _, result = plane.warmup("quota", ["/0.bin"])
     assert result.targets[0].failures == ["0.bin: a block of 262144 bytes does not fit in the cache quota: raise "
@@ -189,5 +190,33 @@ def test_warmup_says_why_the_cache_did_not_keep_blocks(datacache_home, tmp_path,
         subprocess.run(["umount", "-l", path], check=False)
         client.close()
     assert target.phase == "Failed"
-    assert target.failures == [f"0.bin: the cache tier {path} (SSD) is unhealthy after a write error (see the "
-                               "log): fix the device; writes are tried again after a while"]
+    (failure,) = target.failures
+    assert failure.startswith(f"0.bin: the cache tier {path} (SSD) is unhealthy: a write failed: [Errno 30] "
+                              "Read-only file system"), failure
+    assert failure.endswith(": fix the device; writes are tried again after a while"), failure
+
+
+def test_a_runtime_whose_only_tier_cannot_be_opened_is_not_ready_and_says_why(datacache_home, tmp_path):
+    # /proc takes no directories, even from root: the tier never opens. It used to show Ready.
+    local_files(tmp_path / "src", 2, 100_000)
+    mounts = [{"name": "local", "mountPoint": str(tmp_path / "src")}]
+    plane = apply_dataset(datacache_home, "nocache", mounts,
+                          [{"mediumtype": "SSD", "path": "/proc/datacache-nope", "quota": "64Mi"}], block_size="64Ki")
+    apply_dataset(datacache_home, "fine", mounts, [{"mediumtype": "MEM", "quota": "64Mi"}], block_size="64Ki")
+    status = plane.refresh_status("CacheRuntime", "nocache")
+    tier = "/proc/datacache-nope/default/nocache"
+    why = (f"cannot be opened: [Errno 2] No such file or directory: '/proc/datacache-nope': make {tier} writable by "
+           f"uid {os.geteuid()}, or set the CacheRuntime's tieredstore.levels[].path to a writable directory")
+    assert status["phase"] == "NotReady" and status["readyWorkers"] == 0
+    assert status["workers"][0]["unhealthyTiers"] == [{"medium": "SSD", "path": tier, "reason": why}]
+    (tiers,) = [c for c in status["conditions"] if c["type"] == "CacheTiersHealthy"]
+    assert (tiers["status"], tiers["reason"]) == ("False", "TierUnhealthy")
+    assert tiers["message"] == ("cache tier cannot be written, its reads go to the UFS uncached: worker "
+                                f"nocache-in-process: SSD tier {tier} ({why})")
+    _, result = plane.warmup("nocache", [])
+    assert result.targets[0].failures == [
+        f"{i}.bin: the cache tier {tier} (SSD) is unhealthy: {why}; writes are tried again after a while"
+        for i in range(2)]
+    fine = plane.refresh_status("CacheRuntime", "fine")  # the other runtime: Ready, its tiers take writes
+    assert fine["phase"] == "Ready"
+    assert [(c["type"], c["status"]) for c in fine["conditions"]] == [("Ready", "True"), ("CacheTiersHealthy", "True")]
