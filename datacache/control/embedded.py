@@ -15,6 +15,7 @@ DataLoads, reports the Dataset's figures and serves readers' mounts itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -189,7 +190,7 @@ class Embedded:
                     stats.close()
                     self._drop_stats(runtime)
                 stop_runtime(runtime, self.home)
-            shutil.rmtree(self._dataset_dir(res), ignore_errors=True)
+            _remove_tree(self._dataset_dir(res))
             for doc in self.state.list("DataLoad", namespace):
                 if doc["spec"]["dataset"]["name"] == name:  # owned by the dataset, as in Fluid
                     self.state.delete("DataLoad", doc["metadata"]["name"], namespace)
@@ -203,7 +204,7 @@ class Embedded:
             workerset.forget(self.home, namespace, name)
             self._drop_cache_dirs(res)
             self._drop_stats(res)
-            shutil.rmtree(auth.runtime_dir(self.home, namespace, name), ignore_errors=True)  # its worker token
+            _remove_tree(auth.runtime_dir(self.home, namespace, name))  # its worker token
         elif kind == "ThinRuntime":
             stop_runtime(res, self.home)
             self._drop_cache_dirs(res)
@@ -216,7 +217,7 @@ class Embedded:
 
     def _drop_stats(self, runtime) -> None:
         """Remove ``runtime``'s hit counters (``stats/<ns>/<name>``): they count its dataset's reads."""
-        shutil.rmtree(layout.stats_dir(self.home, runtime), ignore_errors=True)
+        _remove_tree(layout.stats_dir(self.home, runtime))
 
     def _release_mounts(self, namespace: str, name: str, force: bool, runtime=None) -> None:
         """Refuse while dataset ``namespace``/``name`` is mounted (datacache's own FUSE mounts, and
@@ -235,7 +236,7 @@ class Embedded:
         does."""
         for level in runtime.spec.tieredstore.levels:
             if level.path is not None:
-                shutil.rmtree(layout.level_dir(self.home, runtime, level), ignore_errors=True)
+                _remove_tree(layout.level_dir(self.home, runtime, level))
         self._drop_file_tier(runtime)
 
     def _drop_file_tier(self, runtime) -> None:
@@ -660,3 +661,11 @@ def _hidden_messages(dataset: str, diff: ManifestDiff, shown_at_most: int = 5) -
                         f"looping or leading out of the mount): {shown(diff.link_paths, n)}; to read {targets}, "
                         f"copy {them} into the source or add the directory holding {them} as another mount")
     return messages
+
+
+def _remove_tree(path: str) -> None:
+    """Remove the directory tree ``path`` (``<root>/<namespace>/<name>`` of a deleted resource) and
+    then its namespace directory once nothing else is in it; what cannot be removed stays."""
+    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):  # another resource's directory is still there
+        os.rmdir(os.path.dirname(path))

@@ -63,9 +63,25 @@ def _check_dataset(home: str, dataset: str, namespace: str, mountpoint: str, opt
         engine = paths.engine(runtime)
         if engine.reads_through_datacache:
             paths.synced_manifest(ds)
+            _warn_missing_secrets(ds, home)
         return engine.mount_argv(ds, mountpoint, options)
     finally:
         paths.close()
+
+
+def _warn_missing_secrets(ds, home: str) -> None:
+    """A warning on stderr for each secret of ``ds``'s mounts that cannot be resolved: the mount
+    still serves what is cached (the daemon opens the UFS on its first miss), but every read of
+    the rest fails with EIO until the secret is given."""
+    from datacache.errors import SecretNotFound
+    from datacache.ufs.credentials import resolve_options
+
+    for i, m in enumerate(ds.spec.mounts):
+        try:
+            resolve_options(m, home, f"dataset {ds.metadata.name!r}: spec.mounts[{i}]")
+        except SecretNotFound as err:
+            click.echo(f"warning: {err}; until then only cached blocks can be read, other reads fail with EIO",
+                       err=True)
 
 
 @click.command()

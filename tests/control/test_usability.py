@@ -51,6 +51,9 @@ def test_delete_removes_hit_counters_and_says_the_runtime_stays(datacache_home, 
     assert out == "cacheruntime.datacache.io/gone deleted\n"
     assert not (datacache_home / "runtimes" / "default" / "gone").exists()
     assert not stats.exists()
+    # nor the namespace directories they were in (each was left empty)
+    left = sorted(str(p.relative_to(datacache_home)) for p in datacache_home.rglob("*") if p.is_dir())
+    assert not [p for p in left if os.path.basename(p) == "default"], left
 
 
 # controller ---------------------------------------------------------------------------------------------

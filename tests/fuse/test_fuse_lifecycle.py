@@ -366,3 +366,20 @@ def test_a_missing_mount_point_is_created_private(fuse_env, mountpoint):
         assert cli("unmount", target, home=fuse_env.home).returncode == 0
         force_cleanup(fuse_env.home, target, pid)
     assert os.stat(target).st_mode & 0o777 == 0o700
+
+
+def test_a_mount_without_its_secrets_warns_and_serves_the_listing(fuse_env, mountpoint):
+    # It mounted silently, and every read of what is not cached then failed with EIO.
+    secrets = os.path.join(fuse_env.home, "secrets")
+    os.rename(secrets, secrets + ".away")
+    try:
+        r = cli("mount", fuse_env.name, mountpoint, "--background", home=fuse_env.home)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.splitlines() == [
+            f"warning: dataset {fuse_env.name!r}: spec.mounts[0].encryptOptions[0]: secret 'moto' key 'key' not "
+            f"found: set the environment variable DATACACHE_SECRET_MOTO_KEY or write the value to {secrets}/moto/key; "
+            "until then only cached blocks can be read, other reads fail with EIO"]
+        assert sorted(os.listdir(mountpoint)) == ["local", "s3"]  # the synced listing needs no secret
+    finally:
+        os.rename(secrets + ".away", secrets)
+        cli("unmount", mountpoint, home=fuse_env.home)
