@@ -182,6 +182,10 @@ def test_delete_refuses_a_mounted_dataset_unless_forced(datacache_home, tmp_path
         assert refused.stderr.decode() == (f"error: dataset default/mnt is mounted at {mountpoint}: unmount it first "
                                            f"(datacache unmount {mountpoint}) or delete with --force\n")
         assert dc("get", "dataset", "mnt", home=datacache_home).returncode == 0  # still there
+        other = tmp_path / "other-home"  # another home's dataset of the same name is not the mounted one
+        dc("apply", "-f", str(yaml_path), home=other, check=True)
+        assert dc("delete", "dataset", "mnt", home=other, check=True).stdout.decode().startswith(
+            "dataset.datacache.io/mnt deleted")
 
         forced = dc("delete", "dataset", "mnt", "--force", home=datacache_home)
         assert forced.stdout.decode() == ("dataset.datacache.io/mnt deleted (cacheruntime mnt stays, with its workers "

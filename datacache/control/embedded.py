@@ -223,7 +223,7 @@ class Embedded:
         """Refuse while dataset ``namespace``/``name`` is mounted (datacache's own FUSE mounts, and
         those ``runtime``'s engine serves itself), or with ``force`` unmount them lazily."""
         engine = self._engine(runtime) if runtime is not None else None
-        mounted = fuse_mounts_of(namespace, name) + (engine.reader_mounts() if engine is not None else [])
+        mounted = fuse_mounts_of(namespace, name, self.home) + (engine.reader_mounts() if engine is not None else [])
         if mounted and not force:
             raise ResourceError(f"dataset {namespace}/{name} is mounted at {', '.join(mounted)}: unmount it first "
                                 f"(datacache unmount {mounted[0]}) or delete with --force")

@@ -5,7 +5,8 @@
 - its file tier (complete file versions as contiguous files): ``<fileTier.path>/<ns>/<name>``, or
   beside the first disk level's directory, ``<L.path>/<ns>/<name>.files``;
 - hit counters of a runtime: ``stats/<ns>/<name>``;
-- a dataset's manifest, sync marks and refresh record: ``datasets/<ns>/<name>/``.
+- a dataset's manifest, sync marks and refresh record: ``datasets/<ns>/<name>/``;
+- the state file of the FUSE daemon serving a mount point: ``run/fuse/<mount key>.json``.
 
 Computed here only, so that the embedded host, the worker processes, the supervisor and the
 readers always agree.
@@ -13,8 +14,10 @@ readers always agree.
 
 from __future__ import annotations
 
+import hashlib
 import os
 
+from datacache import mountinfo
 from datacache.api.quantity import parse_quantity
 
 
@@ -56,3 +59,14 @@ def dataset_dir(home: str, namespace: str, name: str) -> str:
 def manifest_path(home: str, namespace: str, name: str) -> str:
     """The stored manifest (Parquet) of dataset ``namespace/name``."""
     return os.path.join(dataset_dir(home, namespace, name), "manifest.parquet")
+
+
+def mount_key(mountpoint: str) -> str:
+    """12 hex digits naming ``mountpoint`` (its canonical path's SHA-1) in file names."""
+    return hashlib.sha1(mountinfo.canonical(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def fuse_state_path(home: str, mountpoint: str) -> str:
+    """The state file of the FUSE daemon of ``home`` serving ``mountpoint``: there from before the
+    mount answers until the daemon exits (a killed daemon's stays)."""
+    return os.path.join(home, "run", "fuse", f"{mount_key(mountpoint)}.json")

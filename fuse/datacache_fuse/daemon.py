@@ -29,7 +29,6 @@ option values of mounts or secrets (the core redacts secrets from UFS errors).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from typing import Callable, Iterable
 from datacache import mountinfo, procmem
 from datacache.api.quantity import format_bytes
 from datacache.mountinfo import MountState
+from datacache.stack import layout
 
 log = logging.getLogger("datacache_fuse")
 
@@ -60,18 +60,14 @@ class MountError(Exception):
 
 
 # -- files of a mount ----------------------------------------------------------------------------
-def _key(mountpoint: str) -> str:
-    return hashlib.sha1(mountinfo.canonical(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()[:12]
-
-
 def log_path(home: str, dataset: str, namespace: str, mountpoint: str) -> str:
     """The daemon's log file for this mount (under ``home/logs``)."""
-    return os.path.join(home, "logs", f"fuse-{namespace}-{dataset}-{_key(mountpoint)}.log")
+    return os.path.join(home, "logs", f"fuse-{namespace}-{dataset}-{layout.mount_key(mountpoint)}.log")
 
 
 def state_path(home: str, mountpoint: str) -> str:
     """The state file of the daemon serving ``mountpoint`` (under ``home/run/fuse``)."""
-    return os.path.join(home, "run", "fuse", f"{_key(mountpoint)}.json")
+    return layout.fuse_state_path(home, mountpoint)
 
 
 def read_state(home: str, mountpoint: str) -> dict | None:
