@@ -315,15 +315,6 @@ def test_booleans_are_not_numbers(tmp_path):
     assert rt.spec.fuse.scan_warmup is False  # a boolean field still takes one
 
 
-def test_a_quota_smaller_than_one_block(tmp_path):
-    text = runtime("      - {mediumtype: MEM, quota: 512Ki}\n      - {mediumtype: SSD, path: /s, quota: 1Mi}\n",
-                   extra_spec="  blockSize: 1Mi\n")
-    assert errors_of(tmp_path, text) == [
-        "dataset.yaml: spec.tieredstore.levels[0].quota: 512Ki is smaller than one block (1Mi): a level holds "
-        "whole blocks; give a quota of at least 1Mi or a smaller blockSize",
-    ]
-
-
 def test_one_level_per_medium(tmp_path):
     text = runtime("      - {mediumtype: SSD, path: /a, quota: 1Gi}\n      - {mediumtype: SSD, path: /b, quota: 1Gi}\n")
     assert errors_of(tmp_path, text) == [

@@ -676,18 +676,6 @@ class CacheRuntimeSpec(_Model):
         """The block size in bytes."""
         return parse_quantity(self.block_size)
 
-    @model_validator(mode="after")
-    def _check_quotas(self) -> "CacheRuntimeSpec":
-        # A level stores whole blocks: one smaller than a block could never hold anything.
-        problems: list[tuple[Loc, str]] = [
-            (("tieredstore", "levels", i, "quota"),
-             f"{level.quota} is smaller than one block ({self.block_size}): a level holds whole blocks; "
-             f"give a quota of at least {self.block_size} or a smaller blockSize")
-            for i, level in enumerate(self.tieredstore.levels) if level.quota_bytes < self.block_size_bytes]
-        if problems:
-            raise FieldProblems(problems)
-        return self
-
 
 class RuntimeStatus(_Model):
     """``CacheRuntime.status``, written by the control plane (sizes as ``format_bytes`` prints them)."""

@@ -157,9 +157,8 @@ def local_files(root, count: int, size: int) -> None:
 def test_warmup_says_why_the_cache_did_not_keep_blocks(datacache_home, tmp_path, small_device):
     local_files(tmp_path / "src", 8, 1 << 20)
     mounts = [{"name": "local", "mountPoint": str(tmp_path / "src")}]
-    # Quota: a 256 KiB block never fits a quota of 256 KiB that the index counts against too
-    # (a quota below one block is refused at apply).
-    plane = apply_dataset(datacache_home, "quota", mounts, [{"mediumtype": "SSD", "path": "q", "quota": "256Ki"}],
+    # Quota: a 256 KiB block never fits a 200 KiB quota.
+    plane = apply_dataset(datacache_home, "quota", mounts, [{"mediumtype": "SSD", "path": "q", "quota": "200Ki"}],
                           block_size="256Ki")
     _, result = plane.warmup("quota", ["/0.bin"])
     assert result.targets[0].failures == ["0.bin: a block of 262144 bytes does not fit in the cache quota: raise "
