@@ -131,8 +131,8 @@ def tier_condition(workers: list[dict]) -> dict | None:
     if not reporting:
         return None
     tiers = [(w, t) for w in reporting for t in w["unhealthyTiers"]]
-    bad = [f"worker {w.get('name', '?')}: {t['medium']} tier {t['path']}" + (f" ({t['reason']})" if t.get("reason") else "")
-           for w, t in tiers]
+    bad = [f"worker {w.get('name', '?')}: {t['medium']} tier {t['path']}"
+           + (f" ({t['reason']})" if t.get("reason") else "") for w, t in tiers]
     if bad:
         status, reason = "False", "TierUnhealthy"
         message = "cache tier cannot be written, its reads go to the UFS uncached: " + "; ".join(bad)
