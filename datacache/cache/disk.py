@@ -386,17 +386,13 @@ class DiskTier:
 
     def _cannot_open(self, err: BaseException) -> bool:
         full = _is_full(err) or self._device_full()  # SQLite says "disk I/O error" then
-        self.last_error = f"cannot be opened: {DEVICE_FULL}" if full else (
-            f"cannot be opened: {err}: make {self.path} writable by uid {os.geteuid()}, or set the CacheRuntime's "
-            "tieredstore.levels[].path to a writable directory")
-        if self.healthy and full:
-            log.warning("cache tier %s (%s) cannot be used, reads go to the UFS uncached: %s (tried again every "
-                        "%g s)", self.path, self.medium, DEVICE_FULL, RECHECK_S)
-        elif self.healthy:
-            log.warning("cache tier %s (%s) cannot be used, reads go to the UFS uncached: %s (fix: make %s "
-                        "writable by uid %d, or set the CacheRuntime's tieredstore.levels[].path to a writable "
-                        "directory; tried again every %g s)", self.path, self.medium, err, self.path,
-                        os.geteuid(), RECHECK_S)
+        fix = (f"make {self.path} writable by uid {os.geteuid()}, or set the CacheRuntime's "
+               "tieredstore.levels[].path to a writable directory")
+        self.last_error = f"cannot be opened: {DEVICE_FULL}" if full else f"cannot be opened: {err}: {fix}"
+        if self.healthy:
+            log.warning("cache tier %s (%s) cannot be used, reads go to the UFS uncached: %s (%stried again every "
+                        "%g s)", self.path, self.medium, DEVICE_FULL if full else err, "" if full else f"fix: {fix}; ",
+                        RECHECK_S)
         self.healthy = False
         self.write_errors += 1
         self._unhealthy_since = time.monotonic()
