@@ -22,6 +22,7 @@ def main(argv: list[str]) -> int:
     import os
 
     import fsspec.implementations.http  # noqa: F401 - the UFS clients' imports, outside the timing as the copy's
+    import obstore.store  # noqa: F401
     import s3fs  # noqa: F401
 
     from datacache import procmem

@@ -302,13 +302,14 @@ def test_level_rules(tmp_path):
 
 def test_booleans_are_not_numbers(tmp_path):
     # pydantic's lax mode read these as 1: a one-byte quota, a watermark of 1, one replica
-    text = runtime("      - {mediumtype: SSD, path: /s, quota: true, high: true, freeSpaceRatio: false}\n",
-                   extra_spec="  replicas: true\n")
+    text = runtime("      - {mediumtype: SSD, path: /s, quota: yes, high: true, freeSpaceRatio: off}\n",
+                   extra_spec="  replicas: on\n")
     assert errors_of(tmp_path, text) == [
-        "dataset.yaml: spec.replicas: must be a number, got true",
-        "dataset.yaml: spec.tieredstore.levels[0].quota: must be a number, got true",
-        "dataset.yaml: spec.tieredstore.levels[0].high: must be a number, got true",
-        "dataset.yaml: spec.tieredstore.levels[0].freeSpaceRatio: must be a number, got false",
+        "dataset.yaml: spec.replicas: must be a number, got true, yes or on (a boolean to YAML)",
+        "dataset.yaml: spec.tieredstore.levels[0].quota: must be a number, got true, yes or on (a boolean to YAML)",
+        "dataset.yaml: spec.tieredstore.levels[0].high: must be a number, got true, yes or on (a boolean to YAML)",
+        "dataset.yaml: spec.tieredstore.levels[0].freeSpaceRatio: must be a number, got false, no or off "
+        "(a boolean to YAML)",
     ]
     fuse = runtime("      - {mediumtype: MEM, quota: 1Gi}\n", extra_spec="  fuse: {scanWarmup: false}\n")
     (rt,) = load_resources(write(tmp_path, fuse))

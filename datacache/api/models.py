@@ -109,7 +109,8 @@ class _Model(BaseModel):
     @classmethod
     def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, bool) and info.field_name and _numeric_only(cls.model_fields[info.field_name].annotation):
-            raise ValueError(f"must be a number, got {str(value).lower()}")
+            words = "true, yes or on" if value else "false, no or off"  # YAML 1.1 booleans
+            raise ValueError(f"must be a number, got {words} (a boolean to YAML)")
         return value
 
 

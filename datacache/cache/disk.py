@@ -386,8 +386,12 @@ class DiskTier:
 
     def _cannot_open(self, err: BaseException) -> bool:
         full = _is_full(err) or self._device_full()  # SQLite says "disk I/O error" then
-        fix = (f"make {self.path} writable by uid {os.geteuid()}, or set the CacheRuntime's "
-               "tieredstore.levels[].path to a writable directory")
+        fix = "set the CacheRuntime's tieredstore.levels[].path to a writable directory"
+        code = getattr(err, "errno", None)
+        if code in (errno.EACCES, errno.EPERM, None):  # None: SQLite's own errors (no errno)
+            fix = f"make {self.path} writable by uid {os.geteuid()}, or {fix}"
+        elif code == errno.EROFS:
+            fix = f"remount the file system of {self.path} read-write, or {fix}"
         self.last_error = f"cannot be opened: {DEVICE_FULL}" if full else f"cannot be opened: {err}: {fix}"
         if self.healthy:
             log.warning("cache tier %s (%s) cannot be used, reads go to the UFS uncached: %s (%stried again every "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
 
 import click
@@ -38,6 +40,20 @@ _get_kind = _KindList()
 namespace_option = click.option("-n", "--namespace", default="default", show_default=True)
 home_option = click.option("--home", envvar="DATACACHE_HOME", default=None,
                            help="State directory (default $DATACACHE_HOME or ~/.local/share/datacache).")
+
+
+@contextlib.contextmanager
+def _tier_warnings_in_status():
+    """Quiet the cache tiers' warnings while statuses are refreshed: observing opens every
+    runtime's tiers, and an unusable one would print its warning on each ``get``, for runtimes not
+    asked about too, where its status already says it (condition ``CacheTiersHealthy``)."""
+    logger = logging.getLogger("datacache.cache.disk")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def control_plane(home: str | None):
@@ -109,7 +125,8 @@ def _get_one(kind: str, name: str | None, output: str, namespace: str, home: str
     plane = control_plane(home)
     if name:
         plane.get(kind, name, namespace)
-    docs = [d for d in plane.list(kind, namespace) if not name or d["metadata"]["name"] == name]
+    with _tier_warnings_in_status():
+        docs = [d for d in plane.list(kind, namespace) if not name or d["metadata"]["name"] == name]
     if output == "json":
         click.echo(json.dumps(docs[0] if name else {"items": docs}, indent=2, ensure_ascii=False))
     elif output == "yaml":
@@ -134,7 +151,8 @@ def describe(kind, name, namespace, home):
     kind, namespace = _kind_ns(kind, namespace)
     plane = control_plane(home)
     plane.get(kind, name, namespace)
-    plane.refresh_status(kind, name, namespace)
+    with _tier_warnings_in_status():
+        plane.refresh_status(kind, name, namespace)
     doc = plane.state.get(kind, name, namespace)
     upcoming = next_schedule_iso(doc) if kind in ("DataLoad", "DataMigrate") else None
     if upcoming:  # computed, not stored: the schedule's next time after the last run

@@ -243,7 +243,7 @@ class Embedded:
         """Remove ``runtime``'s file tier (its files are all of its one dataset's versions)."""
         where = layout.file_tier(self.home, runtime)
         if where is not None:
-            shutil.rmtree(where[0], ignore_errors=True)
+            _remove_tree(where[0])
 
     def _drop_blocks(self, runtime, dataset: str) -> None:
         """Delete ``dataset``'s blocks from live workers (their MEM levels too) and from every

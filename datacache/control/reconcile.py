@@ -135,7 +135,7 @@ def tier_condition(workers: list[dict]) -> dict | None:
            + (f" ({t['reason']})" if t.get("reason") else "") for w, t in tiers]
     if bad:
         status, reason = "False", "TierUnhealthy"
-        message = "cache tier cannot be written, its reads go to the UFS uncached: " + "; ".join(bad)
+        message = "cache tier cannot be written, the blocks it would hold are read from the UFS: " + "; ".join(bad)
         if any(not t.get("reason") for _, t in tiers):  # else each tier's reason says its fix
             message += ": make the directory writable by the worker's uid (README: cache directories on the node)"
     else:

@@ -63,6 +63,19 @@ def resolve_options(mount, home: str, where: str) -> tuple[dict, list[str]]:
     return options, secrets
 
 
+def unresolved_secrets(mount, home: str, where: str) -> list[str]:
+    """The :class:`SecretNotFound` message of each ``encryptOptions`` entry of ``mount`` whose
+    secret cannot be resolved (all of them, where :func:`resolve_options` stops at the first)."""
+    missing = []
+    for i, opt in enumerate(mount.encrypt_options or []):
+        ref = opt.value_from.secret_key_ref
+        try:
+            resolve_secret(ref.name, ref.key, home, f"{where}.encryptOptions[{i}]")
+        except SecretNotFound as err:
+            missing.append(str(err))
+    return missing
+
+
 def redact(text: str, secrets: list[str]) -> str:
     """``text`` with every secret value replaced by ``***``."""
     for value in secrets:

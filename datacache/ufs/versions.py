@@ -5,6 +5,7 @@ A version string identifies one content of one UFS file:
 | UFS                      | version                                  | exact read                       |
 |--------------------------|------------------------------------------|----------------------------------|
 | S3 (s3fs), OSS, MinIO    | ETag                                     | ranged GET with ``If-Match``     |
+|                          |                                          | (obstore, see :mod:`.s3_direct`) |
 | GCS (gcsfs)              | generation                               | read, then re-check generation   |
 | Azure (adlfs)            | ETag                                     | read, then re-check version      |
 | HTTP(S) (fsspec's http)  | ETag, else ``size:Last-Modified``        | ranged GET, its headers checked; |
@@ -44,6 +45,7 @@ from fsspec.asyn import sync
 
 from datacache.entry import Unproven
 from datacache.errors import StaleFileError, UFSUnavailableError
+from datacache.ufs import s3_direct
 from datacache.ufs.retry import DEFAULT_POLICY, RetryPolicy
 
 _VERSION_FIELDS = ("ETag", "etag", "generation", "version_id", "VersionId")
@@ -226,12 +228,14 @@ def _http_info(headers, size: int | None = None) -> dict:
             "ETag": headers.get("ETag"), "Last-Modified": headers.get("Last-Modified")}
 
 
-def _read_s3(fs, path: str, etag: str, start: int, end: int) -> bytes:
+def _read_s3(fs, path: str, etag: str, start: int, end: int) -> bytes | memoryview:
+    bucket, key, _ = fs.split_path(path)
+    store = s3_direct.store_for(fs, bucket)
+    if store is not None:
+        return s3_direct.read_range(store, path, key, etag, start, end)
     # Imported here: s3fs and botocore cost ~0.4 s, and only S3 reads need them.
     from botocore.exceptions import ClientError
     from s3fs.errors import translate_boto_error
-
-    bucket, key, _ = fs.split_path(path)
 
     # The client directly, not fs._call_s3: s3fs's own retry loop (5 tries) would multiply
     # botocore's tries and ours, and would not cover the body; botocore's tries and timeouts

@@ -73,14 +73,11 @@ def _warn_missing_secrets(ds, home: str) -> None:
     """A warning on stderr for each secret of ``ds``'s mounts that cannot be resolved: the mount
     still serves what is cached (the daemon opens the UFS on its first miss), but every read of
     the rest fails with EIO until the secret is given."""
-    from datacache.errors import SecretNotFound
-    from datacache.ufs.credentials import resolve_options
+    from datacache.ufs.credentials import unresolved_secrets
 
     for i, m in enumerate(ds.spec.mounts):
-        try:
-            resolve_options(m, home, f"dataset {ds.metadata.name!r}: spec.mounts[{i}]")
-        except SecretNotFound as err:
-            click.echo(f"warning: {err}; until then only cached blocks can be read, other reads fail with EIO",
+        for missing in unresolved_secrets(m, home, f"dataset {ds.metadata.name!r}: spec.mounts[{i}]"):
+            click.echo(f"warning: {missing}; until then only cached blocks can be read, other reads fail with EIO",
                        err=True)
 
 

@@ -204,13 +204,13 @@ def test_a_runtime_whose_only_tier_cannot_be_opened_is_not_ready_and_says_why(da
     apply_dataset(datacache_home, "fine", mounts, [{"mediumtype": "MEM", "quota": "64Mi"}], block_size="64Ki")
     status = plane.refresh_status("CacheRuntime", "nocache")
     tier = "/proc/datacache-nope/default/nocache"
-    why = (f"cannot be opened: [Errno 2] No such file or directory: '/proc/datacache-nope': make {tier} writable by "
-           f"uid {os.geteuid()}, or set the CacheRuntime's tieredstore.levels[].path to a writable directory")
+    why = ("cannot be opened: [Errno 2] No such file or directory: '/proc/datacache-nope': "  # not "make it writable"
+           "set the CacheRuntime's tieredstore.levels[].path to a writable directory")
     assert status["phase"] == "NotReady" and status["readyWorkers"] == 0
     assert status["workers"][0]["unhealthyTiers"] == [{"medium": "SSD", "path": tier, "reason": why}]
     (tiers,) = [c for c in status["conditions"] if c["type"] == "CacheTiersHealthy"]
     assert (tiers["status"], tiers["reason"]) == ("False", "TierUnhealthy")
-    assert tiers["message"] == ("cache tier cannot be written, its reads go to the UFS uncached: worker "
+    assert tiers["message"] == ("cache tier cannot be written, the blocks it would hold are read from the UFS: worker "
                                 f"nocache-in-process: SSD tier {tier} ({why})")
     _, result = plane.warmup("nocache", [])
     assert result.targets[0].failures == [
@@ -219,3 +219,13 @@ def test_a_runtime_whose_only_tier_cannot_be_opened_is_not_ready_and_says_why(da
     fine = plane.refresh_status("CacheRuntime", "fine")  # the other runtime: Ready, its tiers take writes
     assert fine["phase"] == "Ready"
     assert [(c["type"], c["status"]) for c in fine["conditions"]] == [("Ready", "True"), ("CacheTiersHealthy", "True")]
+    # `get` observes every runtime's tiers; the unusable one's warning used to print on each `get`,
+    # for other kinds too: its status (NotReady, the condition above) already says it.
+    rows = {}
+    for kind in ("runtimes", "datasets"):
+        r = subprocess.run([sys.executable, "-m", "datacache", "get", kind], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "DATACACHE_HOME": str(datacache_home)})
+        assert (r.returncode, r.stderr) == (0, ""), r.stderr
+        rows[kind] = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
+        assert sorted(rows[kind]) == ["fine", "nocache"]
+    assert "NotReady" in rows["runtimes"]["nocache"] and "Ready" in rows["runtimes"]["fine"]

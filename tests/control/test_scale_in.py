@@ -57,6 +57,7 @@ def test_scale_in_stops_the_least_hot_worker_while_reads_stay_right(workers_home
     plane.apply([runtime])
     ctl = Controller(plane)
     ctl.metrics(plane.get("CacheRuntime", "cool"))  # the hit window starts now
+    window_start = dict(ctl._hits)
     http = open_client(plane, "cool", short_circuit=False)  # every hit is counted by a worker
     for _ in range(3):
         for rel in hot:
@@ -93,7 +94,7 @@ def test_scale_in_stops_the_least_hot_worker_while_reads_stay_right(workers_home
     assert not errors, errors[:5]
     assert after > 0
     assert len(events) == 1 and "scaling in from 3 to 2" in events[0], events
-    assert events[0].endswith("(stopped the least hot: cool-worker-0)")
+    assert events[0].endswith("(stopped the least hot: cool-worker-0)"), (window_start, ctl._hits, owner)
     assert sorted(live(workers_home, "cool")) == ["worker-1", "worker-2"]
     assert workerset.read(str(workers_home), "default", "cool") == [1, 2]
     status = plane.refresh_status("CacheRuntime", "cool")

@@ -176,7 +176,8 @@ def test_cache_dir_unwritable_at_start_opens_unhealthy_and_reads_from_ufs(dataca
             disk = _disk(client)
             assert not disk.healthy
             warning = next(r.getMessage() for r in caplog.records if "cannot be used" in r.getMessage())
-            assert disk.path in warning and "fix: make" in warning and "tieredstore.levels[].path" in warning
+            assert f"fix: remount the file system of {disk.path} read-write" in warning
+            assert "tieredstore.levels[].path" in warning
             for _ in range(2):  # every read right, every read from the UFS, nothing cached
                 for name in ("f00.bin", "f01.bin"):
                     before = client.source.ufs_bytes

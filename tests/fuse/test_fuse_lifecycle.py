@@ -375,10 +375,11 @@ def test_a_mount_without_its_secrets_warns_and_serves_the_listing(fuse_env, moun
     try:
         r = cli("mount", fuse_env.name, mountpoint, "--background", home=fuse_env.home)
         assert r.returncode == 0, r.stderr
-        assert r.stderr.splitlines() == [
-            f"warning: dataset {fuse_env.name!r}: spec.mounts[0].encryptOptions[0]: secret 'moto' key 'key' not "
-            f"found: set the environment variable DATACACHE_SECRET_MOTO_KEY or write the value to {secrets}/moto/key; "
-            "until then only cached blocks can be read, other reads fail with EIO"]
+        assert r.stderr.splitlines() == [  # one line per missing key
+            f"warning: dataset {fuse_env.name!r}: spec.mounts[0].encryptOptions[{i}]: secret 'moto' key '{key}' not "
+            f"found: set the environment variable DATACACHE_SECRET_MOTO_{key.upper()} or write the value to "
+            f"{secrets}/moto/{key}; until then only cached blocks can be read, other reads fail with EIO"
+            for i, key in enumerate(("key", "secret"))]
         assert sorted(os.listdir(mountpoint)) == ["local", "s3"]  # the synced listing needs no secret
     finally:
         os.rename(secrets + ".away", secrets)

@@ -189,8 +189,9 @@ def test_unhealthy_tier_is_a_runtime_condition(cluster, workers, tmp_path, monke
     assert (ready["type"], tiers["type"], tiers["status"], tiers["reason"]) == (
         "Ready", "CacheTiersHealthy", "False", "TierUnhealthy")
     assert tiers["message"] == (
-        f"cache tier cannot be written, its reads go to the UFS uncached: worker imagenet-worker-1: SSD tier "
-        f"{blocked_dir}: make the directory writable by the worker's uid (README: cache directories on the node)")
+        "cache tier cannot be written, the blocks it would hold are read from the UFS: "
+        f"worker imagenet-worker-1: SSD tier {blocked_dir}: make the directory writable by the worker's uid "
+        "(README: cache directories on the node)")
     entries = {w["name"]: w["unhealthyTiers"] for w in status["workers"]}
     assert entries == {"imagenet-worker-0": [], "imagenet-worker-1": [{"medium": "SSD", "path": blocked_dir}]}
     # what worker 1 exports itself
