@@ -165,7 +165,8 @@ def test_a_read_only_directory_keeps_the_cannot_be_used_message(tmp_path, caplog
             tier = DiskTier(path, 64 << 20)
         messages = [r.getMessage() for r in caplog.records]
         warning = next(m for m in messages if "cannot be used" in m)
-        assert path in warning and "Read-only file system" in warning and f"fix: make {path} writable" in warning
+        assert path in warning and "Read-only file system" in warning
+        assert f"fix: remount the file system of {path} read-write" in warning
         assert not any("damaged" in m for m in messages)
         assert not tier.healthy and tier.get("ds/f0/0") is None and not tier.put("ds/f1/0", b"x")
         assert len(_block_files(path)) == 1  # nothing deleted

@@ -49,6 +49,12 @@ def store_for(fs, bucket: str):
         return per_fs[key]
 
 
+def plain_key(key: str) -> bool:
+    """Whether obstore can name object ``key``: it refuses empty, ``.`` and ``..`` segments
+    (``a//b.jpg``), which S3 keys may have; those keys stay with botocore."""
+    return all(part not in ("", ".", "..") for part in key.split("/"))
+
+
 def read_range(store, path: str, key: str, etag: str, start: int, end: int) -> memoryview:
     """Bytes ``[start, end)`` of object ``key`` while its ETag is ``etag`` (short only at the
     object's end). Raises StaleFileError (the ETag changed), FileNotFoundError (no such object)

@@ -230,7 +230,7 @@ def _http_info(headers, size: int | None = None) -> dict:
 
 def _read_s3(fs, path: str, etag: str, start: int, end: int) -> bytes | memoryview:
     bucket, key, _ = fs.split_path(path)
-    store = s3_direct.store_for(fs, bucket)
+    store = s3_direct.store_for(fs, bucket) if s3_direct.plain_key(key) else None
     if store is not None:
         return s3_direct.read_range(store, path, key, etag, start, end)
     # Imported here: s3fs and botocore cost ~0.4 s, and only S3 reads need them.
