@@ -18,9 +18,11 @@ ratio to the local copy's. The compute times: UNet3D's H100 time scaled by the f
 and one scaled to this machine: the time per batch at which the emulated accelerator consumes
 ``LOCAL_SHARE`` (80%) of the samples/s the local copy delivers with compute 0, so that the local
 copy can keep it busy (MLPerf's bar is AU >= 90%) and the question is whether each system can
-too. The page cache is dropped before each DLIO run and each warmup (as root). Each figure is the
-median of ``--repeat`` runs (default 3), the warmup's too (each from a cold cache: datacache into a
-fresh home, JuiceFS after ``juicefs warmup --evict``): one run of 3 epochs over 56 files lasts
+too. The page cache is dropped before each DLIO run and each warmup (as root), and ``--settle``
+seconds pass before a warmup (as in ``python -m benchmarks``). Each figure is the median of
+``--repeat`` runs (default 3), the warmup's too (each from a cold cache: datacache into a fresh
+home, JuiceFS after ``juicefs warmup --evict`` and until its blocks are written, see
+``benchmarks.juicefs``): one run of 3 epochs over 56 files lasts
 about a second here, and the pure-I/O samples/s of the same system moved by up to 1.5x between
 runs (local 172 and 260; datacache 0.60x, 0.81x, 1.09x and 0.82x of it in four single runs,
 2026-12-02); single warmups moved between 1.5 and 3.0 s.
@@ -59,6 +61,7 @@ from contextlib import contextmanager
 from benchmarks.common import BUCKET, DATASET, DemoEnvironment, format_table, rclone_s3_config
 from benchmarks.fuse_read import DROP_CACHES, Mounts, drop_caches
 from benchmarks.juicefs import JuiceFsVolume, juicefs_binary, juicefs_env
+from benchmarks.peers import SETTLE_S
 from benchmarks.report import markdown_table
 from datacache.demo.s3server import DEFAULT_REGION
 
@@ -193,16 +196,15 @@ class Run:
                 if i:  # cold again: its cache's blocks evicted
                     subprocess.run([vol.binary, "warmup", "--evict", mount.mountpoint], capture_output=True,
                                    check=True, env=juicefs_env())
-                _drop_caches_if_root()
-                t0 = time.perf_counter()
-                subprocess.run(vol.warmup_cmd([mount.mountpoint]), capture_output=True, check=True, env=juicefs_env())
-                times.append(time.perf_counter() - t0)
+                self._settle()
+                times.append(vol.warmup(mount.mountpoint, [mount.mountpoint], _run_juicefs))
             folder, seconds = mount.mountpoint, self._median_warmup(times)
         elif name == "rclone":
             conf = rclone_s3_config(env.path("rclone.conf"), "moto", DEFAULT_REGION)
             mount = self.mounts.rclone("rclone mount --vfs-cache-mode full", f"moto:{BUCKET}", env.path("rclone-mnt"),
                                        conf, env.endpoint_url, env.path("rclone-cache"), env.path("rclone.log"))
             folder = os.path.join(mount.mountpoint, PREFIX)
+            self._settle()
             t0 = time.perf_counter()
             for k in sorted(self.files):  # rclone has no warmup command: read every file once
                 with open(os.path.join(folder, k), "rb") as f:
@@ -222,18 +224,31 @@ class Run:
         self.log(f"    warmup {statistics.median(times):.2f} s (median of {', '.join(f'{t:.2f}' for t in times)})")
         return statistics.median(times)
 
-    @staticmethod
-    def _datacache_warmup(home: str) -> float:
-        """Seconds of one cold ``datacache warmup`` of the dataset in ``home`` (page cache dropped
-        first, as root), in a process of its own (:mod:`benchmarks.warmup_child`). Raises
-        RuntimeError when it does not complete."""
+    def _settle(self) -> None:
+        """Before a warmup: drop the page cache (as root) and wait ``--settle`` seconds, so that every
+        warmup starts from the same memory state (``benchmarks.peers``' module doc: this VM hands
+        freed memory back to its host about 2 s after it is freed, then charges a fault per page
+        written; a ``juicefs warmup`` started right after ``--evict`` freed its cache's pages ran
+        1.15 s against 1.5 s 2 s later, 2026-12-05)."""
         _drop_caches_if_root()
+        time.sleep(self.args.settle)
+
+    def _datacache_warmup(self, home: str) -> float:
+        """Seconds of one cold ``datacache warmup`` of the dataset in ``home`` (after ``_settle``),
+        in a process of its own (:mod:`benchmarks.warmup_child`). Raises RuntimeError when it does
+        not complete."""
+        self._settle()
         r = subprocess.run([sys.executable, "-m", "benchmarks.warmup_child", home, DATASET, f"s3/{PREFIX}"],
                            capture_output=True, text=True, check=False)
         out = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"ok": False}
         if not out["ok"]:
             raise RuntimeError(f"datacache warmup failed: {(r.stdout + r.stderr)[-800:]}")
         return out["seconds"]
+
+
+def _run_juicefs(cmd: list[str]) -> str:
+    """Run a ``juicefs`` command; its output. Raises CalledProcessError when it fails."""
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, env=juicefs_env()).stdout
 
 
 def _drop_caches_if_root() -> None:
@@ -287,6 +302,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--read-threads", type=int, default=2, help="DataLoader workers (default 2: this machine's CPUs)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="DLIO runs per figure, the page cache dropped before each; the median is kept (default 3)")
+    ap.add_argument("--settle", type=float, default=SETTLE_S, metavar="SECONDS",
+                    help=f"seconds from the page cache drop to each warmup "
+                         f"(default {SETTLE_S:g}, as python -m benchmarks)")
     ap.add_argument("--computation-time", type=float, default=None,
                     help="seconds of compute per batch (default: UNet3D H100's 0.323 s scaled by the file size)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, local first (default {','.join(SYSTEMS)})")
@@ -355,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         f"batch {BATCH}), {args.epochs} epochs per run, each figure the median of {args.repeat} runs; compute per batch: {machine} s (the accelerator consumes "
         f"{LOCAL_SHARE:.0%} of the local copy's pure-I/O samples/s), {h100} s (UNet3D's H100 time scaled by the file "
         f"size) and 0 (pure I/O); source: moto S3 behind the delay proxy (+{args.latency_ms:g} ms, "
-        f"{args.bandwidth_mbps:g} MB/s per connection); page cache dropped before each run and each warmup "
-        f"(the warmup: the median of as many cold warmups); started {started}, "
+        f"{args.bandwidth_mbps:g} MB/s per connection); page cache dropped before each run and each warmup, "
+        f"{args.settle:g} s between the drop and a warmup (the warmup: the median of as many cold warmups); "
+        f"started {started}, "
         f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (above ~1 other jobs share "
         f"the {os.cpu_count()} CPUs: the figures are then noisy)",
         "", format_table(headers, rows, right=range(1, 8))])

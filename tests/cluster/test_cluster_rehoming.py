@@ -105,8 +105,14 @@ def test_scale_up_keeps_every_block_cached_and_moves_the_new_workers_share(clust
     assert sorted(live(cluster_home, "up")) == [f"worker-{i}" for i in range(4)]
     _check_all_cached_and_read_without_ufs(plane, cluster_home, "up", contents)
     _wait_rehomed(cluster_home, "up", keys)
-    share = {k for k in keys if owners(k, [f"worker-{i}" for i in range(4)])[0] in ("worker-2", "worker-3")}
-    assert abs(len(share) / len(keys) - 1 / 2) < 0.15  # the two new workers took about 2/4
+    # Each new worker holds exactly the blocks it now owns, and owns some: the hand-off moved them.
+    # (That HRW gives each of N workers about 1/N is measured over many keys in test_cluster_placement;
+    # these 79 keys vary from run to run, too few for a fraction to be a stable bound.)
+    four = [f"worker-{i}" for i in range(4)]
+    stored = stored_keys(cluster_home, "up")
+    for new in ("worker-2", "worker-3"):
+        share = {k for k in keys if owners(k, four)[0] == new}
+        assert share and share == stored[new] & set(keys), new
     plane.close()
 
 
