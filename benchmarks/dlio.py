@@ -22,10 +22,10 @@ too. The page cache is dropped before each DLIO run and each warmup (as root), a
 seconds pass before a warmup (as in ``python -m benchmarks``). Each figure is the median of
 ``--repeat`` runs (default 3), the warmup's too (each from a cold cache: datacache into a fresh
 home, JuiceFS after ``juicefs warmup --evict`` and until its blocks are written, see
-``benchmarks.juicefs``): one run of 3 epochs over 56 files lasts
-about a second here, and the pure-I/O samples/s of the same system moved by up to 1.5x between
-runs (local 172 and 260; datacache 0.60x, 0.81x, 1.09x and 0.82x of it in four single runs,
-2026-12-02); single warmups moved between 1.5 and 3.0 s.
+``benchmarks.juicefs``): one run of 3 epochs over 56 files lasts about a second here, and the
+pure-I/O samples/s of the same system moved by up to 1.5x between runs (local 172 and 260;
+datacache 0.60x, 0.81x, 1.09x and 0.82x of it in four single runs, 2026-12-02); single warmups
+moved between 1.5 and 3.0 s.
 
 Scaling (``--files``, ``--record-mib``, ``--epochs``): MLPerf's UNet3D has 168 files of ~140 MB
 (146,600,628 bytes +- 68 MB) and 0.323 s of compute per batch of 7 on an H100; here the files are
