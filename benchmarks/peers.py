@@ -12,8 +12,8 @@ the reference checksums every other system is checked against), starting from an
   processes); the median is kept;
 - **warmup**: bring the large objects (the shard and the Parquet files) into the cache, MB/s (see
   ``benchmarks.systems``: parallel GETs for the local copy, a second copy into a scratch
-  directory at this point, the warmup engine for datacache, one read of every file with the
-  reader pool for the peers), after the epochs for every system, each after the page cache is
+  directory at this point in a process of its own, the warmup engine for datacache, one read of
+  every file with the reader pool for the peers), after the epochs for every system, each after the page cache is
   dropped and ``settle`` seconds pass. Why: a VM with free page reporting (virtio-balloon, as
   here) hands freed memory back to its host about 2 s after it is freed, and a later write to it
   costs a fault per page (~3 ms a MB); a warmup started right after the previous steps freed

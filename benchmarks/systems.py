@@ -11,6 +11,7 @@ behind the delay proxy) or ``http`` (nginx behind its own delay proxy, the same 
   source, and the measure of what the delayed source delivers; reads ``open()`` the copy. From
   S3: one GET per object (``COPY_CONCURRENCY`` objects in flight, s3fs's ``get``). From HTTP:
   ranged GETs of ``RANGE_BYTES`` (``COPY_CONCURRENCY`` in flight), as a parallel downloader does.
+  Its warmup row is a second copy in a process of its own (``benchmarks.copy_child``).
 - ``DatacacheFuse`` / ``DatacacheFsspec``: a fresh ``DATACACHE_HOME`` with the demo Dataset (or, for
   HTTP, a Dataset whose mountPoint is the nginx URL) and CacheRuntime; warmup is the engine of
   ``datacache warmup`` on the folders (``s3/shards s3/parquet``, ``http/...``), in a child process
@@ -109,6 +110,27 @@ class System:
             self.daemon_rss_mib = self.mount.peak_rss_mib
             self.mount = None
 
+    def run_child(self, args: list[str], stdin: str = "") -> dict | str:
+        """``python -m ARGS...`` (a warmup of this system, ``stdin`` fed to it) in a process and
+        session of its own (``abort`` ends it and anything it started with one killpg); returns
+        the JSON object of its last stdout line, with ``vm_hwm_mib`` kept as
+        :attr:`warmup_rss_mib`, or what went wrong (its exit status and output's tail)."""
+        self.child = proc = subprocess.Popen([sys.executable, "-m", *args], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                             start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(stdin)
+        finally:
+            if proc.poll() is None:  # interrupted: leave nothing behind
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        try:
+            out = json.loads(stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            return f"warmup exited {proc.returncode}: {(stdout + stderr)[-500:]}"
+        self.warmup_rss_mib = out["vm_hwm_mib"]
+        return out
+
     def abort(self) -> list[str]:
         """Stop what this system runs now, whatever it is doing (a measurement ran past its time
         limit): SIGKILL its warmup process's group, then ``Mounts.cleanup`` (every mount of the run
@@ -145,69 +167,72 @@ class LocalCopy(System):
     def fill(self, tasks: list[Task]) -> int:
         """The copy the readers read (set-up, untimed): every file of ``tasks`` into its directory;
         bytes copied."""
-        return self._copy(tasks, self.root)
+        return copy_files(self.copy_job(tasks, self.root))
 
     def warmup(self, pool: ReaderPool | None, tasks: list[Task]) -> Result:
         """The limit's warmup row: the same parallel GETs again, into a scratch directory removed
-        afterwards. Timed where the other systems warm up (after the epochs and the settle step of
-        ``benchmarks.peers``, the readers up): on this VM, writing memory handed back to the host
-        costs a fault per page (~3 ms/MB), so a copy timed at set-up, right after the previous
-        system freed its caches, made 578 MB/s from HTTP (a full run, 18:15 UTC 2026-12-02)
-        against 330 MB/s later in the run."""
+        afterwards, in a process of its own (``benchmarks.copy_child``) as datacache's warmup is,
+        timed around the copy only. Timed where the other systems warm up (after the epochs and
+        the settle step of ``benchmarks.peers``): on this VM, first touches of memory cost ~1 ms a
+        MB, so a copy timed at set-up, right after the previous system freed its caches, made 578
+        MB/s from HTTP (a full run, 18:15 UTC 2026-12-02) against 330 MB/s later in the run; and a
+        copy in this long-lived process reuses memory its earlier copies touched: 449-569 MB/s (257
+        to 38k page faults) against 352-394 MB/s (41-47k faults) in a fresh process, datacache's
+        warmup 356-366 MB/s (36-41k), the HTTP source's 314 MB, alternating (2026-12-05)."""
         scratch = self.dir("copy-timed")
         try:
-            t0 = time.perf_counter()
-            nbytes = self._copy(tasks, scratch)
-            seconds = time.perf_counter() - t0
+            out = self.run_child(["benchmarks.copy_child"], json.dumps(self.copy_job(tasks, scratch)))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        return Result(seconds, nbytes, len(tasks), [], 0.0)
+        if isinstance(out, str):
+            return Result(0.0, 0, 0, [out], 0.0)
+        return Result(out["seconds"], out["bytes"], len(tasks), [], 0.0)
 
-    def _copy(self, tasks: list[Task], root: str) -> int:
-        copy = parallel_copy if self.source == "s3" else parallel_ranged_copy
-        return copy(self.env, [t.path for t in tasks], root)
+    def copy_job(self, tasks: list[Task], root: str) -> dict:
+        """What :func:`copy_files` needs to copy the files of ``tasks`` to ``root`` (JSON-able)."""
+        paths = [t.path for t in tasks]
+        job = {"source": self.source, "dst": [os.path.join(root, p[len("s3/"):]) for p in paths],
+               "sizes": [self.env.sizes[p] for p in paths]}
+        if self.source == "s3":
+            return {**job, "src": [self.env.s3_key(p) for p in paths], "storage_options": self.env.storage_options()}
+        return {**job, "src": [self.env.http_file(p) for p in paths]}
 
 
-def parallel_copy(env: DemoEnvironment, paths: list[str], root: str) -> int:
-    """Copy the S3 objects of dataset ``paths`` (``s3/...``) to ``root`` through ``env``'s endpoint
-    (the proxy): one GET per object, ``COPY_CONCURRENCY`` objects at a time (s3fs ``get``,
+def copy_files(job: dict) -> int:
+    """Copy ``job`` (see :meth:`LocalCopy.copy_job`): ``src[i]`` (an S3 key or a URL) to the
+    local path ``dst[i]``, ``sizes[i]`` bytes. From S3 (``source`` "s3", through
+    ``storage_options``): one GET per object, ``COPY_CONCURRENCY`` objects at a time (s3fs ``get``,
     ``max_concurrency=1``). Not ranged GETs: with stock moto (a whole-object read per ranged GET)
     splitting an object makes it slower, and with ranges served from the stored object
     (``--s3-server stored``) 8 MiB ranges were still not faster here (55 against 72 MB/s for the
-    quick run's shard and Parquet files: the proxy and moto are CPU-bound on 2 CPUs). Returns bytes
-    copied."""
-    fs = env.s3fs(max_concurrency=1)
-    local = [os.path.join(root, p[len("s3/"):]) for p in paths]
-    for dst in local:
+    quick run's shard and Parquet files: the proxy and moto are CPU-bound on 2 CPUs). From HTTP:
+    every file cut into ``RANGE_BYTES`` ranges, ``COPY_CONCURRENCY`` ranged GETs in flight
+    (fsspec's HTTP ``cat_file``, each written in place with ``pwrite``). Returns bytes copied;
+    raises RuntimeError when a size differs, OSError / the client's errors as they come."""
+    for dst in job["dst"]:
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-    fs.get([env.s3_key(p) for p in paths], local, batch_size=COPY_CONCURRENCY)
-    return _check_copy(env, paths, local)
+    if job["source"] == "s3":
+        import s3fs
 
-
-def _check_copy(env: DemoEnvironment, paths: list[str], local: list[str]) -> int:
-    copied = sum(os.path.getsize(dst) for dst in local)
-    want = sum(env.sizes[p] for p in paths)
-    if copied != want:
-        raise RuntimeError(f"the local copy has {copied} bytes, the source {want}")
+        fs = s3fs.S3FileSystem(**job["storage_options"], max_concurrency=1, skip_instance_cache=True)
+        fs.get(job["src"], job["dst"], batch_size=COPY_CONCURRENCY)
+    else:
+        _ranged_copy(job["src"], job["dst"], job["sizes"])
+    copied = sum(os.path.getsize(dst) for dst in job["dst"])
+    if copied != sum(job["sizes"]):
+        raise RuntimeError(f"the local copy has {copied} bytes, the source {sum(job['sizes'])}")
     return copied
 
 
-def parallel_ranged_copy(env: DemoEnvironment, paths: list[str], root: str) -> int:
-    """Copy dataset ``paths`` (``s3/...``) from the HTTP source (``env.http_file``, through its
-    proxy) to ``root``: every file cut into ``RANGE_BYTES`` ranges, ``COPY_CONCURRENCY`` ranged GETs
-    in flight (fsspec's HTTP ``cat_file``, each written in place with ``pwrite``). Returns bytes
-    copied; raises RuntimeError when a size differs, OSError/aiohttp errors as they come."""
+def _ranged_copy(urls: list[str], local: list[str], sizes: list[int]) -> None:
     import fsspec
 
     fs = fsspec.filesystem("http", skip_instance_cache=True)
-    local = [os.path.join(root, p[len("s3/"):]) for p in paths]
     jobs = []
-    for p, dst in zip(paths, local, strict=True):
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        size = env.sizes[p]
+    for url, dst, size in zip(urls, local, sizes, strict=True):
         with open(dst, "wb") as f:
             f.truncate(size)
-        jobs += [(env.http_file(p), dst, start, min(start + RANGE_BYTES, size)) for start in range(0, size, RANGE_BYTES)]
+        jobs += [(url, dst, start, min(start + RANGE_BYTES, size)) for start in range(0, size, RANGE_BYTES)]
 
     def fetch(job: tuple[str, str, int, int]) -> None:
         url, dst, start, end = job
@@ -222,7 +247,6 @@ def parallel_ranged_copy(env: DemoEnvironment, paths: list[str], root: str) -> i
 
     with ThreadPoolExecutor(COPY_CONCURRENCY) as pool:
         list(pool.map(fetch, jobs))
-    return _check_copy(env, paths, local)
 
 
 class Datacache(System):
@@ -247,21 +271,9 @@ class Datacache(System):
         """The warmup engine on the folders of ``tasks`` (``s3/shards``, ...) in a child process
         (``benchmarks.warmup_child``: timed around the warmup call, its own peak RSS)."""
         targets = sorted({f"{self.mount_path}/{t.path.split('/')[1]}" for t in tasks})
-        cmd = [sys.executable, "-m", "benchmarks.warmup_child", self.home, DATASET, *targets]
-        # A session of its own: ``abort`` ends it and anything it started with one killpg.
-        self.child = proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            stdout, stderr = proc.communicate()
-        finally:
-            if proc.poll() is None:  # interrupted: leave nothing behind
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        try:
-            out = json.loads(stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            return Result(0.0, 0, 0, [f"warmup exited {proc.returncode}: {(stdout + stderr)[-500:]}"], 0.0)
-        self.warmup_rss_mib = out["vm_hwm_mib"]
+        out = self.run_child(["benchmarks.warmup_child", self.home, DATASET, *targets])
+        if isinstance(out, str):
+            return Result(0.0, 0, 0, [out], 0.0)
         want = sum(self.env.sizes[t.path] for t in tasks)
         errors = [] if out["ok"] and out["bytes"] == want else [f"warmup: ok={out['ok']}, {out['bytes']} of {want} "
                                                                  f"bytes, {out['failures']}"]
