@@ -211,15 +211,18 @@ def run(args: argparse.Namespace, log) -> Report:
                                   " (the HTTP source runs in a full run, or with --sources s3,http)"),
         f"- data: {data}",
         f"- readers: {args.workers} worker processes, shuffled order (DataLoader-shaped, persistent workers); "
-        f"{args.parquet_reads} random row-group reads; warm epoch and shard: median of {args.repeat} passes; every byte checked against the source's checksums",
+        f"{args.parquet_reads} random row-group reads; warm epoch and shard: median of {args.repeat} passes; "
+        f"warmup: median of {args.repeat} cold warmups for the local copy and datacache (a scratch copy, a fresh home), one for the peers; every byte "
+        "checked against the source's checksums",
         "- time limit: " + (f"{args.system_timeout:g} s per step of a system (set-up, each workload); a system "
                             "past it is reported as timed out, not counted" if args.system_timeout else "none"),
         f"- command: `{args.command}`",
         "",
         "Ratios, per source: each system's rate / the local copy's from that source (the limit), and / the best "
         "peer's (rclone, s3fs-fuse, fsspec's caches, JuiceFS CE). Warmup: the local copy is what the delayed source "
-        "delivers with parallel GETs (S3: one GET per object; HTTP: 8 MiB ranged GETs, 16 in flight), timed "
-        "after the epochs as every system's warmup is, each after the page cache is dropped and "
+        "delivers with parallel GETs (S3: one GET per object; HTTP: 8 MiB ranged GETs, 16 in flight), a second "
+        "copy in a process of its own as `datacache warmup` is (a long-lived process reuses memory it touched "
+        "before: 449-569 against 352-394 MB/s), timed after the epochs as every system's warmup is, each after the page cache is dropped and "
         f"{args.settle:g} s pass (this VM hands freed memory back to its host within seconds and then charges a "
         "fault per page written: the same copy ran 750, 414 and 280 MB/s 0, 6 and 12 s after a drop); peers "
         "read every file once; datacache runs `datacache warmup`, JuiceFS `juicefs warmup`. Shard and Parquet reads "

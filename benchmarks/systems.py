@@ -103,6 +103,12 @@ class System:
         """Fill the cache with every file of ``tasks`` (stream tasks); default: read them once."""
         return pool.run(tasks)
 
+    def cold_warmup(self, tasks: list[Task]) -> Result | None:
+        """One more warmup of ``tasks`` from an empty cache that leaves this system as it was (a
+        sample for the median of the warmup row); None where that cannot be done (default: a
+        mount's cache cannot be emptied under it)."""
+        return None
+
     def end(self) -> None:
         """Unmount (keeping the daemon's peak RSS). Idempotent."""
         if self.mount is not None:
@@ -128,7 +134,7 @@ class System:
             out = json.loads(stdout.strip().splitlines()[-1])
         except (IndexError, ValueError):
             return f"warmup exited {proc.returncode}: {(stdout + stderr)[-500:]}"
-        self.warmup_rss_mib = out["vm_hwm_mib"]
+        self.warmup_rss_mib = max(self.warmup_rss_mib or 0.0, out["vm_hwm_mib"])
         return out
 
     def abort(self) -> list[str]:
@@ -187,6 +193,10 @@ class LocalCopy(System):
         if isinstance(out, str):
             return Result(0.0, 0, 0, [out], 0.0)
         return Result(out["seconds"], out["bytes"], len(tasks), [], 0.0)
+
+    def cold_warmup(self, tasks: list[Task]) -> Result:
+        """Another copy into a scratch directory (see :meth:`warmup`)."""
+        return self.warmup(None, tasks)
 
     def copy_job(self, tasks: list[Task], root: str) -> dict:
         """What :func:`copy_files` needs to copy the files of ``tasks`` to ``root`` (JSON-able)."""
@@ -270,8 +280,20 @@ class Datacache(System):
     def warmup(self, pool: ReaderPool | None, tasks: list[Task]) -> Result:
         """The warmup engine on the folders of ``tasks`` (``s3/shards``, ...) in a child process
         (``benchmarks.warmup_child``: timed around the warmup call, its own peak RSS)."""
+        return self._warmup_into(self.home, tasks)
+
+    def cold_warmup(self, tasks: list[Task]) -> Result:
+        """The warmup engine into a fresh home of its own, removed afterwards."""
+        home, plane = self.env.new_home(source=self.source)
+        plane.close()
+        try:
+            return self._warmup_into(home, tasks)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+    def _warmup_into(self, home: str, tasks: list[Task]) -> Result:
         targets = sorted({f"{self.mount_path}/{t.path.split('/')[1]}" for t in tasks})
-        out = self.run_child(["benchmarks.warmup_child", self.home, DATASET, *targets])
+        out = self.run_child(["benchmarks.warmup_child", home, DATASET, *targets])
         if isinstance(out, str):
             return Result(0.0, 0, 0, [out], 0.0)
         want = sum(self.env.sizes[t.path] for t in tasks)
