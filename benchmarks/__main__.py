@@ -2,8 +2,8 @@
 
 Run from the repository root, as root (FUSE mounts; the page cache is dropped before cold epochs)::
 
-    python -m benchmarks --quick          # about 3 minutes on 2 cores, the S3 source only
-    python -m benchmarks                  # full sizes, S3 and HTTP sources; writes benchmarks/RESULTS.md
+    python -m benchmarks --quick          # about 5 minutes on 2 cores, the S3 source only
+    python -m benchmarks                  # full sizes, S3 and HTTP sources (about 40 minutes); writes benchmarks/RESULTS.md
 
 It starts moto's S3 server on loopback (``--s3-server``: ``stored``, a ranged GET reads only its
 range, as S3 does; ``moto``, stock, the whole object) behind ``benchmarks.proxy.DelayProxy`` (``--latency-ms``
@@ -57,7 +57,7 @@ SIZES = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes: about 3 minutes on 2 cores")
+    ap.add_argument("--quick", action="store_true", help="small sizes: about 5 minutes on 2 cores")
     for name, (quick, full) in SIZES.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
                         help=f"default {full:,} ({quick:,} with --quick)")
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"comma-separated, the local copy first (default: all: {','.join(SYSTEMS)})")
     ap.add_argument("--sources", default=None,
                     help=f"comma-separated, of {','.join(SOURCES)} (default: both; s3 with --quick, "
-                         "to stay within 3 minutes)")
+                         "to stay within 5 minutes)")
     ap.add_argument("--out", default=None,
                     help="where RESULTS.md and RESULTS.png go (default: benchmarks/ for a full run, "
                          "a new temporary directory with --quick)")
