@@ -3,7 +3,8 @@
 Run from the repository root, as root (FUSE mounts; the page cache is dropped before cold epochs)::
 
     python -m benchmarks --quick          # about 5 minutes on 2 cores, the S3 source only
-    python -m benchmarks                  # full sizes, S3 and HTTP sources (about 40 minutes); writes benchmarks/RESULTS.md
+    python -m benchmarks                  # full sizes, S3 and HTTP sources (about 40 minutes);
+                                          # writes benchmarks/RESULTS.md
 
 It starts moto's S3 server on loopback (``--s3-server``: ``stored``, a ranged GET reads only its
 range, as S3 does; ``moto``, stock, the whole object) behind ``benchmarks.proxy.DelayProxy`` (``--latency-ms``
@@ -212,8 +213,8 @@ def run(args: argparse.Namespace, log) -> Report:
         f"- data: {data}",
         f"- readers: {args.workers} worker processes, shuffled order (DataLoader-shaped, persistent workers); "
         f"{args.parquet_reads} random row-group reads; warm epoch and shard: median of {args.repeat} passes; "
-        f"warmup: median of {args.repeat} cold warmups for the local copy and datacache (a scratch copy, a fresh home), one for the peers; every byte "
-        "checked against the source's checksums",
+        f"warmup: median of {args.repeat} cold warmups for the local copy and datacache (a scratch copy, a fresh "
+        "home), one for the peers; every byte checked against the source's checksums",
         "- time limit: " + (f"{args.system_timeout:g} s per step of a system (set-up, each workload); a system "
                             "past it is reported as timed out, not counted" if args.system_timeout else "none"),
         f"- command: `{args.command}`",
@@ -222,10 +223,11 @@ def run(args: argparse.Namespace, log) -> Report:
         "peer's (rclone, s3fs-fuse, fsspec's caches, JuiceFS CE). Warmup: the local copy is what the delayed source "
         "delivers with parallel GETs (S3: one GET per object; HTTP: 8 MiB ranged GETs, 16 in flight), a second "
         "copy in a process of its own as `datacache warmup` is (a long-lived process reuses memory it touched "
-        "before: 449-569 against 352-394 MB/s), timed after the epochs as every system's warmup is, each after the page cache is dropped and "
-        f"{args.settle:g} s pass (this VM hands freed memory back to its host within seconds and then charges a "
-        "fault per page written: the same copy ran 750, 414 and 280 MB/s 0, 6 and 12 s after a drop); peers "
-        "read every file once; datacache runs `datacache warmup`, JuiceFS `juicefs warmup`. Shard and Parquet reads "
+        "before: 449-569 against 352-394 MB/s), timed after the epochs as every system's warmup is, each after "
+        f"the page cache is dropped and {args.settle:g} s pass (this VM hands freed memory back to its host "
+        "within seconds and then charges a fault per page written: the same copy ran 750, 414 and 280 MB/s 0, 6 "
+        "and 12 s after a drop); peers read every file once; datacache runs `datacache warmup`, JuiceFS `juicefs "
+        "warmup`. Shard and Parquet reads "
         "follow the warmup; the cold epoch starts from an empty cache (page cache dropped), the warm epoch is the "
         "next one.",
         "",

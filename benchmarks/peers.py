@@ -11,19 +11,19 @@ the reference checksums every other system is checked against), starting from an
 - **warm epoch**: the next epochs (``repeat``, each with another shuffle, the same worker
   processes); the median is kept;
 - **warmup**: bring the large objects (the shard and the Parquet files) into the cache, MB/s (see
-  ``benchmarks.systems``: parallel GETs for the local copy, a second copy into a scratch
-  directory at this point in a process of its own, the warmup engine for datacache, one read of
-  every file with the reader pool for the peers), after the epochs for every system, each after
-  the page cache is dropped and ``settle`` seconds pass. The median of ``repeat`` cold warmups
-  where the system can start one again from an empty cache without a new mount (the local copy:
-  another scratch copy; datacache: a fresh home; the last one fills the cache the later rows
-  read), of one for the peers; single warmups of one system moved by up to 1.7x (datacache from
-  HTTP 336-562 MB/s, four alternating with a fresh-process copy, 2026-12-05). Why the settle: a VM with free page reporting (virtio-balloon, as
-  here) hands freed memory back to its host about 2 s after it is freed, and a later write to it
-  costs a fault per page (~3 ms a MB); a warmup started right after the previous steps freed
-  memory wrote into pages not yet handed back. Measured (one run, the HTTP source's local copy
-  after a drop): 750 MB/s at once, 414 after 6 s, 280 after 12 s; datacache's warmup, which
-  starts in a process of its own a second later, ran 297-444 MB/s either way. The JPEG tree's
+  ``benchmarks.systems``: parallel GETs for the local copy, a second copy into a scratch directory
+  at this point in a process of its own, the warmup engine for datacache, one read of every file
+  with the reader pool for the peers), after the epochs for every system, each after the page cache
+  is dropped and ``settle`` seconds pass. The median of ``repeat`` cold warmups where the system can
+  start one again from an empty cache without a new mount (the local copy: another scratch copy;
+  datacache: a fresh home; the last one fills the cache the later rows read), of one for the peers;
+  single warmups of one system moved by up to 1.7x (datacache from HTTP 336-562 MB/s, four
+  alternating with a fresh-process copy, 2026-12-05). Why the settle: a VM with free page reporting
+  (virtio-balloon, as here) hands freed memory back to its host about 2 s after it is freed, and a
+  later write to it costs a fault per page (~3 ms a MB); a warmup started right after the previous
+  steps freed memory wrote into pages not yet handed back. Measured (one run, the HTTP source's
+  local copy after a drop): 750 MB/s at once, 414 after 6 s, 280 after 12 s; datacache's warmup,
+  which starts in a process of its own a second later, ran 297-444 MB/s either way. The JPEG tree's
   first copy is the cold epoch;
 - **shard**: sequential read of the WebDataset shard(s), one stream, 1 MiB reads, MB/s (the
   median of ``repeat`` passes: the first is served by the system's cache, later ones may be by
