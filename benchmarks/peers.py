@@ -330,13 +330,10 @@ class PeerBench:
             self._record(out, "warm", *(pool.run(jpegs, seed=2 + k) for k in range(self.repeat)))
             stream = [Task("stream", p, self.checksums[p]) for p in large]
             warmups = []
-            for _ in range(self.repeat - 1):  # more cold warmups first: the last one fills the cache read next
+            for _ in range(self.repeat - 1 if system.cold_warmups else 0):  # first: the last fills the cache
                 self._settle()
                 self._step(WORKLOAD_TITLES["warmup"])
-                extra = system.cold_warmup(stream)
-                if extra is None:
-                    break
-                warmups.append(extra)
+                warmups.append(system.cold_warmup(stream))
             self._settle()
             self._step(WORKLOAD_TITLES["warmup"])
             self._record(out, "warmup", *warmups, system.warmup(pool, stream))

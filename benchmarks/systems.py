@@ -103,11 +103,12 @@ class System:
         """Fill the cache with every file of ``tasks`` (stream tasks); default: read them once."""
         return pool.run(tasks)
 
-    def cold_warmup(self, tasks: list[Task]) -> Result | None:
+    cold_warmups = False  # whether ``cold_warmup`` can run (a mount's cache cannot be emptied under it)
+
+    def cold_warmup(self, tasks: list[Task]) -> Result:
         """One more warmup of ``tasks`` from an empty cache that leaves this system as it was (a
-        sample for the median of the warmup row); None where that cannot be done (default: a
-        mount's cache cannot be emptied under it)."""
-        return None
+        sample for the median of the warmup row), where :attr:`cold_warmups` says it can."""
+        raise NotImplementedError
 
     def end(self) -> None:
         """Unmount (keeping the daemon's peak RSS). Idempotent."""
@@ -194,6 +195,8 @@ class LocalCopy(System):
             return Result(0.0, 0, 0, [out], 0.0)
         return Result(out["seconds"], out["bytes"], len(tasks), [], 0.0)
 
+    cold_warmups = True
+
     def cold_warmup(self, tasks: list[Task]) -> Result:
         """Another copy into a scratch directory (see :meth:`warmup`)."""
         return self.warmup(None, tasks)
@@ -271,10 +274,16 @@ class Datacache(System):
         self.strip = "" if source == "s3" else "s3/"
         self.mount_path = source
 
+    cold_warmups = True
+
     def new_home(self) -> str:
+        """A fresh home with this source's Dataset, kept as :attr:`home`."""
+        self.home = self._fresh_home()
+        return self.home
+
+    def _fresh_home(self) -> str:
         home, plane = self.env.new_home(source=self.source)
         plane.close()
-        self.home = home
         return home
 
     def warmup(self, pool: ReaderPool | None, tasks: list[Task]) -> Result:
@@ -284,8 +293,7 @@ class Datacache(System):
 
     def cold_warmup(self, tasks: list[Task]) -> Result:
         """The warmup engine into a fresh home of its own, removed afterwards."""
-        home, plane = self.env.new_home(source=self.source)
-        plane.close()
+        home = self._fresh_home()
         try:
             return self._warmup_into(home, tasks)
         finally:
