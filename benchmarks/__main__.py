@@ -212,7 +212,7 @@ def run(args: argparse.Namespace, log) -> Report:
                                   " (the HTTP source runs in a full run, or with --sources s3,http)"),
         f"- data: {data}",
         f"- readers: {args.workers} worker processes, shuffled order (DataLoader-shaped, persistent workers); "
-        f"{args.parquet_reads} random row-group reads; warm epoch and shard: median of {args.repeat} passes; "
+        f"{args.parquet_reads} random row-group reads; warm epoch, shard and Parquet: median of {args.repeat} passes; "
         f"warmup: median of {args.repeat} cold warmups for the local copy and datacache (a scratch copy, a fresh "
         "home), one for the peers; every byte checked against the source's checksums",
         "- time limit: " + (f"{args.system_timeout:g} s per step of a system (set-up, each workload); a system "

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 
+from datacache.cache.blocks import checksum
 from datacache.cache.disk import DiskTier
-from datacache.cache.extents import write_range
+from datacache.cache.extents import digest_range, write_range
 
 BLOCK = 256 << 10
 FILE = "ds/" + "a" * 32
@@ -73,6 +74,33 @@ def test_a_damaged_block_fails_the_first_hand_out_and_is_refetched(tmp_path):
         fd = tier.open_whole(FILE, 3 * BLOCK, 3)
         with open(fd, "rb") as f:
             assert _sha(f.read()) == _sha(b"".join(blocks))
+    finally:
+        tier.close()
+
+
+def test_the_first_hand_out_check_reads_every_piece_of_blocks_larger_than_its_buffer(tmp_path):
+    """The check reads a block a piece (1 MiB) at a time through one buffer: a byte changed in the
+    last, short piece of a block of several pieces still fails it, and a whole one equals the
+    block's checksum (``digest_range`` against ``checksum``), at EOF too."""
+    big = (3 << 20) + 12345  # three whole pieces and a short one
+    directory = str(tmp_path / "ssd")
+    blocks = [os.urandom(big), os.urandom(big), os.urandom(777)]
+    tier = DiskTier(directory, 16 * big, block_size=big)
+    try:
+        _fill(tier, FILE, blocks)
+        (name,) = os.listdir(tier.files)
+        path = os.path.join(tier.files, name)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert digest_range(fd, big, big) == checksum(blocks[1])
+            assert digest_range(fd, 2 * big, big) == checksum(blocks[2])  # short at EOF
+        finally:
+            os.close(fd)
+        with open(path, "r+b") as f:
+            f.seek(2 * big - 7)  # block 1, its last piece
+            f.write(bytes([blocks[1][-7] ^ 0xFF]))
+        assert tier.open_whole(FILE, 2 * big + 777, 3) is None
+        assert tier.corrupt == 1 and f"{FILE}/1" not in tier and f"{FILE}/0" in tier
     finally:
         tier.close()
 

@@ -84,8 +84,8 @@ import uuid
 from datacache import private
 from datacache.errors import ConfigError
 from datacache.cache.blocks import PIECE, PieceBlock, checksum
-from datacache.cache.extents import (commit_frees, copy_on_write, punch_hole, read_pieces, read_range, will_need,
-                                     write_range)
+from datacache.cache.extents import (commit_frees, copy_on_write, digest_range, punch_hole, read_pieces, read_range,
+                                     will_need, write_range)
 from datacache.cache.openfiles import OpenFiles
 
 log = logging.getLogger(__name__)
@@ -685,13 +685,13 @@ class DiskTier:
         and check it; a failing one is dropped."""
         for index, size, digest, stride in rows:
             offset = max(index, 0) * stride
-            if checksum(os.pread(fd, size, offset)) != digest:
+            if digest_range(fd, offset, size) != digest:
                 key = join_key(file, index)
                 # Read again under the lock: the block may have been evicted and stored anew while
                 # it was read (a hole then), and only a row and bytes that still disagree are corrupt.
                 with self._exclusive():
                     corrupt = ((path, offset, size, digest) == self._row(key) and _same_file(fd, path)
-                               and checksum(os.pread(fd, size, offset)) != digest)
+                               and digest_range(fd, offset, size) != digest)
                 if corrupt:
                     self.corrupt += 1
                     log.warning("cache tier %s: block %s failed its checksum at its first hand-out as a "

@@ -96,6 +96,25 @@ def read_pieces(fd: int, offset: int, size: int) -> tuple[PieceBlock, str]:
     return PieceBlock(tuple(pieces)), digest.hexdigest()
 
 
+def digest_range(fd: int, offset: int, size: int) -> str:
+    """The xxh3-64 hex digest of the ``size`` bytes at ``offset`` of the open file ``fd`` (of fewer
+    at EOF), equal to ``checksum`` of them read whole. Read through this thread's bounce buffer, a
+    piece at a time, each hashed while it is in the CPU's cache. Why: a 4 MiB ``pread`` per block
+    faulted in fresh memory where the FUSE daemon's malloc maps it anew (its mmap threshold is
+    1 MiB, ``procmem``): the check of a 268 MB shard at its first passthrough open ran 1.4 GB/s
+    against ~8 GB/s this way. Raises ``OSError``."""
+    digest = xxhash.xxh3_64()
+    with memoryview(_bounce_buffer()) as view:
+        got = 0
+        while got < size:
+            done = os.preadv(fd, [view[:min(len(view), size - got)]], offset + got)
+            if not done:
+                break
+            digest.update(view[:done])
+            got += done
+    return digest.hexdigest()
+
+
 def write_range(path: str, offset: int, data: bytes | memoryview, mode: int, direct: bool = False,
                 allocated: Callable[[], None] | None = None) -> bool:
     """Write ``data`` at ``offset`` of the file at ``path`` (created with ``mode`` if missing; the
@@ -219,15 +238,21 @@ def _copy_into(address: int, view: memoryview) -> bool:
         ctypes.pythonapi.PyBuffer_Release(ctypes.byref(source))
 
 
-def _write_direct(path: str, offset: int, view: memoryview, mode: int) -> None:
-    """``view`` (a multiple of :data:`DIRECT_ALIGN` bytes) at ``offset`` (aligned) with
-    ``O_DIRECT``, :data:`DIRECT_CHUNK` bytes at a time through this thread's aligned buffer."""
+def _bounce_buffer() -> mmap.mmap:
+    """This thread's page-aligned buffer of :data:`DIRECT_CHUNK` bytes, made at its first use and
+    kept: its pages are faulted in once, not at every read or write through it."""
     bounce = getattr(_bounce, "buffer", None)
     if bounce is None:
         bounce = _bounce.buffer = mmap.mmap(-1, DIRECT_CHUNK)  # anonymous maps are page-aligned
+    return bounce
+
+
+def _write_direct(path: str, offset: int, view: memoryview, mode: int) -> None:
+    """``view`` (a multiple of :data:`DIRECT_ALIGN` bytes) at ``offset`` (aligned) with
+    ``O_DIRECT``, :data:`DIRECT_CHUNK` bytes at a time through this thread's aligned buffer."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_DIRECT, mode)
     try:
-        with memoryview(bounce) as out:
+        with memoryview(_bounce_buffer()) as out:
             done = 0
             while done < len(view):
                 n = min(DIRECT_CHUNK, len(view) - done)
