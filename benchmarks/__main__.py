@@ -213,8 +213,10 @@ def run(args: argparse.Namespace, log) -> Report:
         f"- data: {data}",
         f"- readers: {args.workers} worker processes, shuffled order (DataLoader-shaped, persistent workers); "
         f"{args.parquet_reads} random row-group reads; warm epoch, shard and Parquet: median of {args.repeat} passes; "
-        f"warmup: median of {args.repeat} cold warmups for the local copy and datacache (a scratch copy, a fresh "
-        "home), one for the peers; every byte checked against the source's checksums",
+        f"warmup: median of {args.repeat} cold warmups for datacache (a fresh home each), one for the peers; the "
+        f"local copy's: median of its {args.repeat} (a scratch copy each) and of one more after each of datacache's "
+        "cold warmups (alternating, so the limit is sampled across the run); every byte checked against the "
+        "source's checksums",
         "- time limit: " + (f"{args.system_timeout:g} s per step of a system (set-up, each workload); a system "
                             "past it is reported as timed out, not counted" if args.system_timeout else "none"),
         f"- command: `{args.command}`",

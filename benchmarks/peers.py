@@ -18,13 +18,17 @@ the reference checksums every other system is checked against), starting from an
   start one again from an empty cache without a new mount (the local copy: another scratch copy;
   datacache: a fresh home; the last one fills the cache the later rows read), of one for the peers;
   single warmups of one system moved by up to 1.7x (datacache from HTTP 336-562 MB/s, four
-  alternating with a fresh-process copy, 2026-12-05). Why the settle: a VM with free page reporting
-  (virtio-balloon, as here) hands freed memory back to its host about 2 s after it is freed, and a
-  later write to it costs a fault per page (~3 ms a MB); a warmup started right after the previous
-  steps freed memory wrote into pages not yet handed back. Measured (one run, the HTTP source's
-  local copy after a drop): 750 MB/s at once, 414 after 6 s, 280 after 12 s; datacache's warmup,
-  which starts in a process of its own a second later, ran 297-444 MB/s either way. The JPEG tree's
-  first copy is the cold epoch;
+  alternating with a fresh-process copy, 2026-12-05). The local copy's figure is the median of its
+  own cold copies and of one more after each of datacache's cold warmups (``_paired_copy``), so that
+  the limit is sampled across the run, alternating with datacache as A/B runs are: its own block is
+  one moment of the run (from HTTP its copies made 497 MB/s in a full run of 2026-12-05 15:07 UTC,
+  the same copy alternating with datacache's warmups 460-626, median 564, at 17:35). Why the settle:
+  a VM with free page reporting (virtio-balloon, as here) hands freed memory back to its host about
+  2 s after it is freed, and a later write to it costs a fault per page (~3 ms a MB); a warmup
+  started right after the previous steps freed memory wrote into pages not yet handed back. Measured
+  (one run, the HTTP source's local copy after a drop): 750 MB/s at once, 414 after 6 s, 280 after
+  12 s; datacache's warmup, which starts in a process of its own a second later, ran 297-444 MB/s
+  either way. The JPEG tree's first copy is the cold epoch;
 - **shard**: sequential read of the WebDataset shard(s), one stream, 1 MiB reads, MB/s (the
   median of ``repeat`` passes: the first is served by the system's cache, later ones may be by
   the kernel's page cache, as a second epoch would be);
@@ -104,11 +108,13 @@ GOALS = (
 
 @dataclass
 class Measure:
-    """One timed pass: wall ``seconds``, ``nbytes``, ``items`` (files or row groups)."""
+    """One timed pass: wall ``seconds``, ``nbytes``, ``items`` (files or row groups); the median
+    of ``passes`` passes."""
 
     seconds: float
     nbytes: int
     items: int
+    passes: int = 1
 
     def rate(self, unit: str) -> float:
         """Per second in ``unit``: MB/s (10^6 bytes), files/s or row groups/s."""
@@ -168,6 +174,8 @@ class PeerBench:
         self._step_title, self._deadline = "", 0.0
         self._pool: ReaderPool | None = None
         self._runner: threading.Thread | None = threading.current_thread()
+        # per source: the local copy, its outcome and its warmup passes (``_paired_copy`` adds to them)
+        self._limits: dict[str, tuple[System, Outcome, list[Result]]] = {}
 
     # -- reference -------------------------------------------------------------------------------
     def paths(self, prefix: str) -> list[str]:
@@ -273,8 +281,10 @@ class PeerBench:
         while True:
             if self._pool is not None:
                 self._pool.kill()
-            for problem in system.abort():
-                self.log(f"    cleanup: {problem}")
+            limit = self._limits.get(system.source, (system,))[0]  # a paired copy may be running
+            for stopping in {id(s): s for s in (system, limit)}.values():
+                for problem in stopping.abort():
+                    self.log(f"    cleanup: {problem}")
             thread.join(0.5)
             if not thread.is_alive():
                 return
@@ -298,10 +308,22 @@ class PeerBench:
             if r.peak_rss_mib:
                 out.reader_rss_mib = max(out.reader_rss_mib or 0.0, r.peak_rss_mib)
         r = sorted(passes, key=lambda p: p.seconds)[(len(passes) - 1) // 2]
-        out.measures[key] = Measure(r.seconds, r.nbytes, r.items)
+        out.measures[key] = Measure(r.seconds, r.nbytes, r.items, len(passes))
         unit = WORKLOAD_UNITS[key]
         self.log(f"    {out.system}: {WORKLOAD_TITLES[key]}: {out.measures[key].rate(unit):,.1f} {unit} "
                  f"({r.nbytes / 1e6:,.1f} MB in {r.seconds:.2f}s)")
+
+    def _paired_copy(self, source: str, stream: list[Task]) -> None:
+        """Right after a cold warmup of datacache: one more cold copy by the local copy of ``source``
+        (after the settle, as every warmup), added to its warmup passes; its figure becomes their
+        median (see the module doc)."""
+        if source not in self._limits:  # no local copy of this source ran (a test's selection)
+            return
+        limit, out, passes = self._limits[source]
+        self._settle()
+        self._step(WORKLOAD_TITLES["warmup"])
+        passes.append(limit.cold_warmup(stream))
+        self._record(out, "warmup", *passes)
 
     def _settle(self) -> None:
         """Before a warmup: drop the page cache (when root) and wait ``settle`` seconds, so every
@@ -336,9 +358,14 @@ class PeerBench:
                 self._settle()
                 self._step(WORKLOAD_TITLES["warmup"])
                 warmups.append(system.cold_warmup(stream))
+                if system.role == "datacache":
+                    self._paired_copy(system.source, stream)
             self._settle()
             self._step(WORKLOAD_TITLES["warmup"])
-            self._record(out, "warmup", *warmups, system.warmup(pool, stream))
+            warmups.append(system.warmup(pool, stream))
+            if system.role == "local":
+                self._limits[system.source] = (system, out, warmups)
+            self._record(out, "warmup", *warmups)
             self._step(WORKLOAD_TITLES["shard"])
             self._record(out, "shard", *(pool.run(self.tasks("s3/shards/", "stream")) for _ in range(self.repeat)))
             self._step(WORKLOAD_TITLES["parquet"])
