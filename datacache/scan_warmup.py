@@ -107,7 +107,7 @@ class ScanWarmup:
                 self._watch.clear()
             if _under(path, self._done):
                 return
-            tree = next((t for t in self._watch if _under(path, (t,))), None)
+            tree = next((t for t in self._watch if _under(path, {t})), None)
             if tree is not None:  # a tree known to need more reads first
                 more, since = self._watch[tree]
                 since.add(path)
@@ -195,9 +195,17 @@ class ScanWarmup:
         self.wait()
 
 
-def _under(path: str, trees) -> bool:
-    """Whether dataset ``path`` is below one of ``trees`` ("" the root)."""
-    return any(not tree or path.startswith(tree + "/") for tree in trees)
+def _under(path: str, trees: set[str] | dict[str, object]) -> bool:
+    """Whether dataset ``path`` is below one of ``trees`` ("" the root): a look-up per directory
+    above it, not a scan of the trees (on every open of an epoch, once trees were warmed)."""
+    if "" in trees:
+        return True
+    slash = path.find("/")
+    while slash != -1:
+        if path[:slash] in trees:
+            return True
+        slash = path.find("/", slash + 1)
+    return False
 
 
 def _common_directory(paths) -> str:

@@ -309,3 +309,12 @@ def test_the_scan_lock_is_released_even_when_a_child_forked_while_it_was_held(tm
     finally:
         os.kill(child, 9)
         os.waitpid(child, 0)
+
+
+def test_a_path_is_under_a_tree_only_at_a_directory_boundary():
+    from datacache.scan_warmup import _under
+
+    assert _under("a/b/c.jpg", {"a/b"}) and _under("a/b/c.jpg", {"a"}) and _under("x.jpg", {""})
+    assert not _under("a/bc/d.jpg", {"a/b"})  # a sibling whose name starts alike
+    assert not _under("a/b", {"a/b"})  # the tree's own path is no file below it
+    assert not _under("a/b/c.jpg", {"a/b/c.jpg", "b", "a/c"}) and not _under("c.jpg", set())
