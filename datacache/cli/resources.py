@@ -46,14 +46,22 @@ home_option = click.option("--home", envvar="DATACACHE_HOME", default=None,
 def _tier_warnings_in_status():
     """Quiet the cache tiers' warnings while statuses are refreshed: observing opens every
     runtime's tiers, and an unusable one would print its warning on each ``get``, for runtimes not
-    asked about too, where its status already says it (condition ``CacheTiersHealthy``)."""
+    asked about too, where its status already says it (condition ``CacheTiersHealthy``). A filter
+    on the tiers' logger, not its level: a level the user configured stays as it was."""
     logger = logging.getLogger("datacache.cache.disk")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    errors_only = _ErrorsOnly()
+    logger.addFilter(errors_only)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.removeFilter(errors_only)
+
+
+class _ErrorsOnly(logging.Filter):
+    """Passes records of level ERROR and above."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
 
 
 def control_plane(home: str | None):

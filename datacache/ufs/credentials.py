@@ -48,16 +48,22 @@ def resolve_secret(secret: str, key: str, home: str, where: str) -> str:
         ) from None
 
 
+def _references(mount, where: str):
+    """``(option name, secret, key, where)`` of each ``encryptOptions`` entry of ``mount``."""
+    for i, opt in enumerate(mount.encrypt_options or []):
+        ref = opt.value_from.secret_key_ref
+        yield opt.name, ref.name, ref.key, f"{where}.encryptOptions[{i}]"
+
+
 def resolve_options(mount, home: str, where: str) -> tuple[dict, list[str]]:
     """Storage options for ``mount`` (a ``datacache.api`` Mount): its ``options`` plus resolved
     ``encryptOptions``. Returns ``(options, secret_values)``; the second list is for :func:`redact`.
+    Raises :class:`SecretNotFound` for the first secret that cannot be resolved.
     """
     options = dict(mount.options or {})
     secrets = []
-    for i, opt in enumerate(mount.encrypt_options or []):
-        ref = opt.value_from.secret_key_ref
-        value = resolve_secret(ref.name, ref.key, home, f"{where}.encryptOptions[{i}]")
-        options[opt.name] = value
+    for option, secret, key, here in _references(mount, where):
+        value = options[option] = resolve_secret(secret, key, home, here)
         if value:
             secrets.append(value)
     return options, secrets
@@ -67,10 +73,9 @@ def unresolved_secrets(mount, home: str, where: str) -> list[str]:
     """The :class:`SecretNotFound` message of each ``encryptOptions`` entry of ``mount`` whose
     secret cannot be resolved (all of them, where :func:`resolve_options` stops at the first)."""
     missing = []
-    for i, opt in enumerate(mount.encrypt_options or []):
-        ref = opt.value_from.secret_key_ref
+    for _, secret, key, here in _references(mount, where):
         try:
-            resolve_secret(ref.name, ref.key, home, f"{where}.encryptOptions[{i}]")
+            resolve_secret(secret, key, home, here)
         except SecretNotFound as err:
             missing.append(str(err))
     return missing
