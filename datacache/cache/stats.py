@@ -3,9 +3,10 @@
 Counted in memory and added to a small diskcache (no eviction) at most once a second and on close,
 so the read path pays no database write per block. The diskcache opens at its first use: a process
 that counts nothing (``datacache warmup``: its fills are no reader's requests) never pays its
-opening and closing (~20 ms, a third of the time before a warmup's first GET here). ``cacheHitRatio`` = hits / (hits + misses),
-counted per block requested by readers (read-ahead is not counted), as Fluid reports it. Hits served
-by a cache worker on another node are also counted apart (``remote``), for ``remoteHitRatio``.
+opening and closing (~20 ms, a third of the time before a warmup's first GET here).
+``cacheHitRatio`` = hits / (hits + misses), counted per block requested by readers (read-ahead is
+not counted), as Fluid reports it. Hits served by a cache worker on another node are also counted
+apart (``remote``), for ``remoteHitRatio``.
 """
 
 from __future__ import annotations
