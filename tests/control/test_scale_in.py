@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import threading
+import time
 
 from cluster_support import apply_cluster, block_bytes, live, open_client, stored_keys, worker_dirs, write_files
 from support import disk_keys
@@ -122,6 +123,12 @@ def test_a_worker_unread_at_the_windows_start_is_not_taken_for_the_least_hot(wor
     finally:
         os.kill(pid, signal.SIGCONT)
     assert sorted(start) == ["late-worker-0"], start
+    # Stopped for the metrics' 5 s timeout, worker-1 missed its heartbeats past the membership's TTL
+    # (5 s): a client opened before its next heartbeat routes its blocks to worker-0 (seen on CI).
+    deadline = time.monotonic() + 30
+    while "worker-1" not in live(workers_home, "late"):
+        assert time.monotonic() < deadline, "worker-1 did not heartbeat again within 30 s of SIGCONT"
+        time.sleep(0.1)
     http = open_client(plane, "late", short_circuit=False)  # every hit is counted by a worker
     try:
         for rel in theirs:
