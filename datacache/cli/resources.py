@@ -49,19 +49,14 @@ def _tier_warnings_in_status():
     asked about too, where its status already says it (condition ``CacheTiersHealthy``). A filter
     on the tiers' logger, not its level: a level the user configured stays as it was."""
     logger = logging.getLogger("datacache.cache.disk")
-    errors_only = _ErrorsOnly()
+    def errors_only(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
     logger.addFilter(errors_only)
     try:
         yield
     finally:
         logger.removeFilter(errors_only)
-
-
-class _ErrorsOnly(logging.Filter):
-    """Passes records of level ERROR and above."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR
 
 
 def control_plane(home: str | None):
