@@ -118,6 +118,29 @@ def test_c2_concurrent_readers_hold_the_quota_while_they_run(datacache_home, tmp
     client.close()
 
 
+def test_capacity_is_what_a_smaller_device_holds_and_the_quota_on_a_larger_one(tmp_path, small_tmpfs):
+    """A 1 GiB quota on a 6 MiB device: cacheCapacity (and a worker's capacity) is what the tier
+    can hold there, its bytes plus the device's free bytes above the free-space reserve; it used
+    to show the quota. On a device larger than the quota it is the quota."""
+    from datacache.cache.disk import DiskTier
+
+    tier = DiskTier(str(small_tmpfs / "ssd"), 1 << 30)
+    big = DiskTier(str(tmp_path / "ssd"), 64 << 20)
+    try:
+        for i in range(3):
+            capacity = tier.capacity()
+            st = os.statvfs(tier.path)
+            room = st.f_bavail * st.f_frsize - int(tier.free_space_ratio * st.f_blocks * st.f_frsize)
+            assert capacity == tier.used() + room, (i, capacity)
+            assert capacity <= st.f_blocks * st.f_frsize == 6 << 20
+            assert tier.put(f"f/{i}", os.urandom(1 << 20))
+        assert tier.used() >= 3 << 20
+        assert big.capacity() == 64 << 20
+    finally:
+        tier.close()
+        big.close()
+
+
 def test_capacity_and_use_are_the_disk_level_even_when_mem_is_larger(tmp_path):
     """Blocks are written to the first disk level and MEM holds copies of hot ones: capacity and use
     (cacheCapacity, a worker's used bytes) are that level's, whatever MEM's quota is."""

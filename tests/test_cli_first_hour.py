@@ -115,6 +115,25 @@ def test_a_failed_dataset_shows_its_runtimes_capacity_and_an_unbound_one_none(da
         "exist in the UFS: fix the mountPoint or create it")
 
 
+def test_cache_capacity_is_what_a_smaller_device_holds_not_the_quota(datacache_home, tmp_path, small_tmpfs):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x").write_bytes(os.urandom(100_000))
+    path = tmp_path / "small.yaml"
+    path.write_text(dataset_yaml("small", [{"name": "local", "mountPoint": str(src)}],
+                                 [{"mediumtype": "SSD", "path": str(small_tmpfs), "quota": "1Gi"}]))
+    dc("apply", "-f", str(path), home=datacache_home, check=True)
+    dc("warmup", "small", home=datacache_home, check=True)
+    rows = [r.split() for r in dc("get", "datasets", home=datacache_home, check=True).stdout.decode().splitlines()]
+    shown = {r[0]: r for r in rows[1:]}["small"][3]
+    # what the tier holds (blocks and index, all under the tmpfs) plus the room above the 1 % reserve
+    held = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(small_tmpfs) for f in fs)
+    st = os.statvfs(small_tmpfs)
+    can_hold = held + st.f_bavail * st.f_frsize - st.f_blocks * st.f_frsize // 100
+    assert shown.endswith("MiB") and abs(float(shown[:-3]) * 2**20 - can_hold) < 64 << 10, (shown, can_hold)
+    assert can_hold < 6 << 20  # the quota (1.00GiB) was shown before
+
+
 # 19.9, 19.10 ------------------------------------------------------------------------------------
 TTY = {"TTY_COMPATIBLE": "1", "COLUMNS": "150"}  # rich draws the bar as on a terminal
 

@@ -420,6 +420,20 @@ class DiskTier:
                 index += os.stat(os.path.join(self.path, name)).st_size
         return stored + index
 
+    def capacity(self) -> int:
+        """Bytes this tier can hold: its quota, or less when its device cannot give that much,
+        :meth:`used` plus the device's free bytes above the free-space reserve that puts leave
+        (:attr:`free_space_ratio` of the device, ``statvfs``; see :meth:`_shortfall`). The quota
+        when the device cannot be asked or reports no size (ramfs)."""
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return self.quota
+        if st.f_blocks == 0:
+            return self.quota
+        room = st.f_bavail * st.f_frsize - int(self.free_space_ratio * st.f_blocks * st.f_frsize)
+        return min(self.quota, self.used() + max(0, room))
+
     def _row(self, key: str) -> tuple[str, int, int, str] | None:
         """``(path of the cache file, the block's offset in it, its size in bytes, its xxh3
         checksum)`` from the index, or None when absent: one indexed SELECT, no transaction."""

@@ -67,6 +67,10 @@ class MemoryTier:
         """Bytes held."""
         return self._used
 
+    def capacity(self) -> int:
+        """Bytes it can hold: its quota (memory is not checked against the machine's free RAM)."""
+        return self.quota
+
     def close(self) -> None:
         with self._lock:
             self._blocks.clear()

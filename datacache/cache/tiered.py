@@ -134,9 +134,10 @@ class TieredStore:
 
     @property
     def capacity(self) -> int:
-        """Bytes the store can hold: the quota of the level blocks are written to (the first disk
-        level; MEM only when it is alone). MEM holds copies of hot disk blocks, so it adds none."""
-        return self._home.quota
+        """Bytes the store can hold: the capacity of the level blocks are written to (the first disk
+        level, its quota or less on a smaller device, see :meth:`DiskTier.capacity`; MEM's quota
+        only when it is alone). MEM holds copies of hot disk blocks, so it adds none."""
+        return self._home.capacity()
 
     def used(self) -> int:
         """Bytes held by the level blocks are written to (see :attr:`capacity`)."""

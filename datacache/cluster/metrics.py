@@ -37,7 +37,8 @@ class _StoreCollector:
                                 "Bytes held by the level blocks are written to (first disk level)",
                                 value=store.used())
         yield GaugeMetricFamily("datacache_worker_total_capacity_bytes",
-                                "Quota of the level blocks are written to (first disk level)", value=store.capacity)
+                                "Capacity of the level blocks are written to (first disk level): its quota, or "
+                                "less on a smaller device", value=store.capacity)
         yield CounterMetricFamily("datacache_worker_evictions", "Blocks evicted by the watermarks",
                                   value=sum(getattr(lv, "evictions", 0) for lv in store.levels))
         yield CounterMetricFamily("datacache_worker_corrupt_blocks", "Blocks dropped for a bad checksum (refetched)",
