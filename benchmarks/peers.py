@@ -307,11 +307,14 @@ class PeerBench:
                 raise AssertionError(f"{WORKLOAD_TITLES[key]}: {len(r.errors)} failed read(s), e.g. {r.errors[0]}")
             if r.peak_rss_mib:
                 out.reader_rss_mib = max(out.reader_rss_mib or 0.0, r.peak_rss_mib)
-        r = sorted(passes, key=lambda p: p.seconds)[(len(passes) - 1) // 2]
+        ordered = sorted(passes, key=lambda p: p.seconds)
+        r = ordered[(len(passes) - 1) // 2]
         out.measures[key] = Measure(r.seconds, r.nbytes, r.items, len(passes))
         unit = WORKLOAD_UNITS[key]
+        rates = [Measure(p.seconds, p.nbytes, p.items).rate(unit) for p in (ordered[-1], ordered[0])]
+        spread = f"; {len(passes)} passes, {rates[0]:,.1f}-{rates[1]:,.1f}" if len(passes) > 1 else ""
         self.log(f"    {out.system}: {WORKLOAD_TITLES[key]}: {out.measures[key].rate(unit):,.1f} {unit} "
-                 f"({r.nbytes / 1e6:,.1f} MB in {r.seconds:.2f}s)")
+                 f"({r.nbytes / 1e6:,.1f} MB in {r.seconds:.2f}s{spread})")
 
     def _paired_copy(self, source: str, stream: list[Task]) -> None:
         """Right after a cold warmup of datacache: one more cold copy by the local copy of ``source``

@@ -367,11 +367,17 @@ def test_the_limits_warmup_is_the_median_of_its_copies_and_one_after_each_cold_w
     from benchmarks.__main__ import parse_args, run
 
     args = parse_args([*TINY, "--repeat", "3", "--sources", "s3", "--systems", "local,datacache-fuse", "--out", str(tmp_path)])
-    report = run(args, lambda s: None)
+    logged: list[str] = []
+    report = run(args, logged.append)
     local, fuse = report.outcomes
     assert (local.status, fuse.status) == ("ok", "ok")
     assert fuse.measures["warmup"].passes == 3
     assert local.measures["warmup"].passes == 3 + 2
+    # the log gives each median's spread: the slowest and the fastest pass's rate
+    (line,) = [t for t in logged if t.startswith(f"    {fuse.system}: warmup")]
+    spread = re.search(r"; 3 passes, ([0-9.,]+)-([0-9.,]+)\)$", line)
+    low, high = (float(g.replace(",", "")) for g in spread.groups())
+    assert low <= round(fuse.measures["warmup"].rate("MB/s"), 1) <= high, line
     want = report.sizes["shards"][1] + report.sizes["parquet"][1]
     assert local.measures["warmup"].nbytes == fuse.measures["warmup"].nbytes == want
     assert local.measures["shard"].passes == local.measures["parquet"].passes == 3
