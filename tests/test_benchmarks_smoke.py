@@ -366,7 +366,8 @@ def test_the_limits_warmup_is_the_median_of_its_copies_and_one_after_each_cold_w
     every copy of every byte."""
     from benchmarks.__main__ import parse_args, run
 
-    args = parse_args([*TINY, "--repeat", "3", "--sources", "s3", "--systems", "local,datacache-fuse", "--out", str(tmp_path)])
+    args = parse_args([*TINY, "--repeat", "3", "--sources", "s3", "--systems", "local,datacache-fuse",
+                       "--out", str(tmp_path)])
     logged: list[str] = []
     report = run(args, logged.append)
     local, fuse = report.outcomes

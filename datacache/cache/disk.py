@@ -431,8 +431,12 @@ class DiskTier:
             return self.quota
         if st.f_blocks == 0:
             return self.quota
-        room = st.f_bavail * st.f_frsize - int(self.free_space_ratio * st.f_blocks * st.f_frsize)
-        return min(self.quota, self.used() + max(0, room))
+        return min(self.quota, self.used() + max(0, self._room(st)))
+
+    def _room(self, st: os.statvfs_result) -> int:
+        """Bytes free on the device of ``st`` (the tier's ``statvfs``) above the free-space
+        reserve, :attr:`free_space_ratio` of the device; negative when the reserve is eaten into."""
+        return st.f_bavail * st.f_frsize - int(self.free_space_ratio * st.f_blocks * st.f_frsize)
 
     def _row(self, key: str) -> tuple[str, int, int, str] | None:
         """``(path of the cache file, the block's offset in it, its size in bytes, its xxh3
@@ -849,8 +853,7 @@ class DiskTier:
         st = os.statvfs(self.path)
         if st.f_blocks == 0:
             return 0
-        return max(0, int(self.free_space_ratio * st.f_blocks * st.f_frsize) + self._writing + size
-                   - st.f_bavail * st.f_frsize)
+        return max(0, self._writing + size - self._room(st))
 
     def _device_full(self) -> bool:
         """Whether the tier's device has 0 bytes free (False when it cannot be asked)."""
