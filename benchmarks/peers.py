@@ -16,7 +16,8 @@ the reference checksums every other system is checked against), starting from an
   with the reader pool for the peers), after the epochs for every system, each after the page cache
   is dropped and ``settle`` seconds pass. The median of ``repeat`` cold warmups where the system can
   start one again from an empty cache without a new mount (the local copy: another scratch copy;
-  datacache: a fresh home; the last one fills the cache the later rows read), of one for the peers;
+  datacache: a fresh home, made before the settle, as every set-up step of a warmup is; the last one
+  fills the cache the later rows read), of one for the peers;
   single warmups of one system moved by up to 1.7x (datacache from HTTP 336-562 MB/s, four
   alternating with a fresh-process copy, 2026-12-05). The local copy's figure is the median of its
   own cold copies and of one more after each of datacache's cold warmups (``_paired_copy``), so that
@@ -323,9 +324,8 @@ class PeerBench:
         if source not in self._limits:  # no local copy of this source ran (a test's selection)
             return
         limit, out, passes = self._limits[source]
-        self._settle()
         self._step(WORKLOAD_TITLES["warmup"])
-        passes.append(limit.cold_warmup(stream))
+        passes.append(limit.cold_warmup(stream, self._settle_for_warmup))
         self._record(out, "warmup", *passes)
 
     def _settle(self) -> None:
@@ -335,6 +335,11 @@ class PeerBench:
         if self.can_drop:
             drop_caches()
         time.sleep(self.settle)
+
+    def _settle_for_warmup(self) -> None:
+        """``_settle``, then the warmup's own step (a fresh deadline): a cold warmup's ``settle``."""
+        self._settle()
+        self._step(WORKLOAD_TITLES["warmup"])
 
     def run_system(self, system: System, out: Outcome) -> None:
         """Every workload of ``system`` into ``out``; each step starts with ``_step`` (the limit)."""
@@ -358,9 +363,8 @@ class PeerBench:
             stream = [Task("stream", p, self.checksums[p]) for p in large]
             warmups = []
             for _ in range(self.repeat - 1 if system.cold_warmups else 0):  # first: the last fills the cache
-                self._settle()
                 self._step(WORKLOAD_TITLES["warmup"])
-                warmups.append(system.cold_warmup(stream))
+                warmups.append(system.cold_warmup(stream, self._settle_for_warmup))
                 if system.role == "datacache":
                     self._paired_copy(system.source, stream)
             self._settle()
