@@ -302,8 +302,8 @@ class Datacache(System):
         the copy's does, not 52 s (the ratio to the copy did not move: 0.83x after, 0.80-0.81x
         before, 2026-12-06)."""
         home = self._fresh_home()
-        settle()
         try:
+            settle()  # inside: an aborted step still removes the home
             return self._warmup_into(home, tasks)
         finally:
             shutil.rmtree(home, ignore_errors=True)
