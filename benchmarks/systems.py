@@ -297,10 +297,11 @@ class Datacache(System):
 
     def cold_warmup(self, tasks: list[Task], settle: Callable[[], None]) -> Result:
         """The warmup engine into a fresh home of its own, removed afterwards. The home is made
-        (its Dataset applied: a metadata sync, 37 s for the HTTP source's 1,500 JPEGs behind the
-        delay proxy) before ``settle``, so the warmup starts ``settle`` seconds after the drop as
-        the copy's does, not 52 s (the ratio to the copy did not move: 0.83x after, 0.80-0.81x
-        before, 2026-12-06)."""
+        (its Dataset applied: a metadata sync, 3.5 s for the HTTP source's 1,500 JPEGs behind the
+        delay proxy, 37 s while the listing sent its HEADs one after another) before ``settle``,
+        so the warmup starts ``settle`` seconds after the drop as the copy's does (the ratio to
+        the copy did not move when the 37 s sync came after the settle instead: 0.83x after,
+        0.80-0.81x before, 2026-12-06)."""
         home = self._fresh_home()
         try:
             settle()  # inside: an aborted step still removes the home

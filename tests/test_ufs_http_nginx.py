@@ -174,26 +174,32 @@ def test_http_dataset_warmup_then_datacache_fsspec_reads_every_byte(tmp_path, da
         assert hashlib.sha256(fs.cat_file(f"web/web/{rel}")).digest() == hashlib.sha256(data).digest()
 
 
-def test_http_listing_reads_the_sizes_of_a_directory_in_parallel(tmp_path):
-    """An index page gives names only, so each file's size and version take a HEAD: behind a
-    0.3 s store, 32 of them one after another take at least 9.6 s; ``INFO_CONCURRENCY`` in flight
-    take two rounds."""
+def test_http_listing_runs_its_round_trips_in_parallel(tmp_path):
+    """An index page gives names only, so each file's size and version take a HEAD, and each
+    directory a GET of its page: behind a 0.3 s store, the 24 directories' pages and 48 HEADs of
+    this tree take at least 21.6 s one after another, a few rounds with ``LIST_CONCURRENCY`` in
+    flight."""
     import time
 
     from benchmarks.proxy import DelayProxy
-    from datacache.ufs.mounts import INFO_CONCURRENCY
+    from datacache.ufs.listing import LIST_CONCURRENCY
 
     src = tmp_path / "src"
-    src.mkdir()
-    sizes = {f"f{i:02d}.bin": 1000 + i for i in range(32)}
+    sizes = {f"f{i:02d}.bin": 1000 + i for i in range(24)}  # one directory of many files ...
+    sizes.update({f"d{i:02d}/x.bin": 2000 + i for i in range(23)})  # ... and many of one file
+    sizes["d00/deeper/y.bin"] = 3000
     for name, size in sizes.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_bytes(os.urandom(size))
     with NginxServer(str(src)) as web, DelayProxy(web.url, latency_ms=300, bandwidth_mbps=0) as slow:
         ns = _namespace(tmp_path, slow.endpoint_url)
         t0 = time.monotonic()
-        listed = [e for e in ns.list_files() if not e.path.endswith("/")]
+        listed = list(ns.list_files())
         seconds = time.monotonic() - t0
-    assert {e.path: e.size for e in listed} == {f"web/{n}": s for n, s in sizes.items()}
-    assert all(e.version.startswith('"') for e in listed)  # nginx's ETag, from each file's HEAD
-    serial = len(sizes) * 0.3
-    assert INFO_CONCURRENCY >= 8 and seconds < serial / 2.5, f"{seconds:.1f} s: the HEADs ran one after another"
+    files = [e for e in listed if not e.path.endswith("/")]
+    assert {e.path: e.size for e in files} == {f"web/{n}": s for n, s in sizes.items()}
+    assert all(e.version.startswith('"') for e in files)  # nginx's ETag, from each file's HEAD
+    assert sorted(e.path for e in listed if e.path.endswith("/")) == sorted(
+        ["web/", "web/d00/deeper/"] + [f"web/d{i:02d}/" for i in range(23)])
+    serial = (24 + len(sizes)) * 0.3
+    assert LIST_CONCURRENCY >= 8 and seconds < serial / 3, f"{seconds:.1f} s: the requests ran one after another"

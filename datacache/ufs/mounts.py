@@ -14,12 +14,10 @@ from __future__ import annotations
 import logging
 import posixpath
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import fsspec
-import fsspec.asyn
 from fsspec.core import url_to_fs
 from fsspec.registry import known_implementations, registry
 
@@ -27,6 +25,7 @@ from datacache.entry import FileEntry, SkippedLink
 from datacache.errors import ResourceError
 from datacache.manifest import DIR, normalize
 from datacache.ufs.credentials import redact, resolve_options
+from datacache.ufs.listing import stream_infos
 from datacache.ufs.plugins import open_plugin_mount
 from datacache.ufs.retry import RETRY_OPTIONS, policy_from_options
 from datacache.ufs.schemes import plugin_schemes
@@ -134,7 +133,7 @@ class UnionNamespace:
         for i, mount in enumerate(self.mounts.values()):
             where = f"dataset {self.name!r}: spec.mounts[{i}] ({mount.name!r})"
             try:
-                for info in _stream_infos(mount.fs, mount.root):
+                for info in stream_infos(mount.fs, mount.root):
                     ufs_path = info["name"]
                     kind = info.get("type")
                     if kind == "directory" or ufs_path.endswith("/"):  # also "folder/" marker objects
@@ -193,70 +192,3 @@ def _namespace_path(mount: UfsMount, ufs_path: str, where: str) -> str | None:
         log.warning("%s: skipped %r: %s (rename it in the UFS to include it)",
                     where, ufs_path.encode("utf-8", "surrogateescape"), why)
         return None
-
-
-_S3_PAGE = 1000  # keys per ListObjectsV2 page (the S3 maximum)
-
-
-def _stream_infos(fs: fsspec.AbstractFileSystem, root: str) -> Iterator[dict]:
-    """fsspec info dicts of everything under ``root`` (or of ``root`` itself when it is a file).
-
-    S3 (s3fs): one flat ListObjectsV2 listing (no delimiter), page by page through s3fs's own
-    paginated ``_iterdir`` — s3fs's ``find`` would collect every key first. Others: ``walk``, one
-    directory at a time (its subdirectories' infos, then its files'), raising on errors (its
-    default would silently drop an unreadable directory, which a sync would then report as
-    deleted); a listing that gives no sizes (an HTTP index page) has its files' infos read
-    ``INFO_CONCURRENCY`` at a time (see :func:`_sized`). Raises FileNotFoundError when ``root``
-    does not exist.
-    """
-    found = False
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
-    if "s3" in protocols and hasattr(fs, "_iterdir"):
-        bucket, key, _ = fs.split_path(root)
-        pages = fs._iterdir(bucket, delimiter="", prefix=f"{key.strip('/')}/" if key.strip("/") else "")
-        while page := fsspec.asyn.sync(fs.loop, _next_items, pages, _S3_PAGE):
-            found = True
-            yield from page
-    else:
-        for _, dirs, files in fs.walk(root, detail=True, on_error="raise"):
-            found = True
-            yield from dirs.values()
-            yield from _sized(fs, list(files.values()))
-    if not found:  # an empty directory, a single file, or nothing at all (FileNotFoundError)
-        info = fs.info(root)
-        if info.get("type") == "file":
-            yield info
-
-
-INFO_CONCURRENCY = 16
-"""Per-file metadata requests (HTTP HEADs) in flight while a listing without sizes is read: one
-directory's 1,500 files took 37 s one after another behind a 20 ms store (2026-12-06), one round
-trip each; as many as a warmup's parallel GETs (``datacache.warmup``)."""
-
-
-def _sized(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> list[dict]:
-    """``infos`` (one directory's files) in their order, each one without a size (an HTTP index
-    page gives only names) replaced by ``fs.info`` of its file, ``INFO_CONCURRENCY`` requests at a
-    time (fsspec's sync API may be called from several threads). Raises what ``fs.info`` raises
-    (FileNotFoundError for a file deleted since the listing)."""
-    unsized = [i for i, info in enumerate(infos) if info.get("size") is None]
-    if not unsized:
-        return infos
-    with ThreadPoolExecutor(min(INFO_CONCURRENCY, len(unsized)), thread_name_prefix="datacache-info") as pool:
-        fresh = pool.map(lambda i: fs.info(infos[i]["name"]), unsized)
-        infos = list(infos)
-        for i, info in zip(unsized, fresh):
-            infos[i] = info
-    return infos
-
-
-async def _next_items(agen, n: int) -> list:
-    """Up to ``n`` items of an async iterator ([] when it is exhausted): one event-loop round trip
-    per page instead of one per key."""
-    items = []
-    try:
-        while len(items) < n:
-            items.append(await agen.__anext__())
-    except StopAsyncIteration:
-        pass
-    return items

@@ -19,7 +19,7 @@ from datacache.stack.syncmark import MANIFEST_LOCK_FILE
 from datacache.control.sync import DIFF_FILE, sync_manifest
 from datacache.errors import ResourceError
 from datacache.manifest import FileEntry, Manifest
-from datacache.ufs import mounts
+from datacache.ufs import listing as ufs_listing
 from support import apply_dataset, s3_mount
 
 
@@ -147,7 +147,7 @@ def test_missing_local_root_is_a_clear_error(datacache_home, tmp_path):
 
 
 def test_s3_listing_is_paged_and_in_key_order(datacache_home, s3_bucket, moto_server, moto_secrets, monkeypatch):
-    monkeypatch.setattr(mounts, "_S3_PAGE", 7)  # keys taken from s3fs per event-loop round trip
+    monkeypatch.setattr(ufs_listing, "_S3_PAGE", 7)  # keys taken from s3fs per event-loop round trip
     fs, bucket = s3_bucket
     keys = [f"p/{i % 7}/k{i:05d}" for i in range(1003)]  # two ListObjectsV2 pages (1000 keys each)
     fs.pipe({f"{bucket}/{k}": k.encode() for k in keys})
