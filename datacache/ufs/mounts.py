@@ -117,9 +117,10 @@ class UnionNamespace:
                                        "mountPoint and its options)", self.secrets)) from None
 
     def list_files(self) -> Iterator[FileEntry | SkippedLink]:
-        """Every file of every mount, with its version, streamed: memory holds one listing page
-        (S3) or one directory (other filesystems), never the whole listing. Order: S3 mounts in
-        key order, others directory by directory (``control.sync`` sorts).
+        """Every file of every mount, with its version, streamed (see :mod:`datacache.ufs.listing`):
+        memory holds one listing page (S3) or a few directories (other filesystems), never the
+        whole listing. Order: S3 mounts in key order, others directory by directory
+        (``control.sync`` sorts).
 
         Directories come too, as entries whose path ends in '/' (size 0, version ''; see
         :mod:`datacache.manifest`): each directory of a walked source, each directory marker of an
