@@ -95,12 +95,13 @@ def test_warm_reopens_cost_the_daemon_no_request_only_in_no_open_mode(fuse_env, 
             for rel in files:
                 with open(os.path.join(mountpoint, rel), "rb", buffering=0) as f:  # no isatty ioctl
                     assert sha256(f.read()) == fuse_env.expected[rel], rel
-        requests = _read_syscalls(daemon) - before
         opens = rounds * len(files)
         if mode == "no-open":
+            requests = _read_syscalls(daemon) - before
             assert requests < opens // 10, f"{requests} requests for {opens} page-cached opens"
-        else:
-            assert requests >= 2 * opens, f"{requests} requests for {opens} opens (OPEN + RELEASE each)"
+        else:  # the kernel sends a RELEASE in the background after close(): the last may come later
+            wait_until(lambda: _read_syscalls(daemon) - before >= 2 * opens, 5,
+                       f"an OPEN and a RELEASE for each of {opens} opens")
     finally:
         force_cleanup(fuse_env.home, mountpoint, pid)
 
