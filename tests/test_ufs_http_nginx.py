@@ -176,7 +176,7 @@ def test_http_dataset_warmup_then_datacache_fsspec_reads_every_byte(tmp_path, da
 
 def test_http_listing_runs_its_round_trips_in_parallel(tmp_path):
     """An index page gives names only, so each file's size and version take a HEAD, and each
-    directory a GET of its page: behind a 0.3 s store, the 24 directories' pages and 48 HEADs of
+    directory a GET of its page: behind a 0.3 s store, the 24 subdirectories' pages and 48 HEADs of
     this tree take at least 21.6 s one after another, a few rounds with ``LIST_CONCURRENCY`` in
     flight."""
     import time
