@@ -10,7 +10,8 @@ order of their first read, are written to the dataset's trace (:mod:`datacache.p
 ``datacache warmup DATASET --from-trace RUN``.
 A file version complete in the node's file tier opens as a plain local file object over its
 contiguous cache file (the same version check: the file is named by the manifest's version), so
-it reads at the local disk's speed; others open as a ``DatasetFile`` reading blocks.
+it reads at the local disk's speed, and pyarrow reads it without copies
+(:class:`~datacache.cached_file.CachedFile`); others open as a ``DatasetFile`` reading blocks.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 
 from fsspec import AbstractFileSystem
 
+from datacache.cached_file import CachedFile
 from datacache.errors import ResourceError
 
 
@@ -133,7 +135,7 @@ class DatacacheFileSystem(AbstractFileSystem):
         if fd is None:
             return client.open_entry(entry)
         client.reading(entry)
-        return open(fd, "rb")
+        return CachedFile(fd, entry.path)
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         # No file object: a small file is one block read (DatasetClient.read).

@@ -10,6 +10,7 @@ import hashlib
 import os
 
 from datacache.cache.blocks import checksum
+from datacache.cache import disk
 from datacache.cache.disk import DiskTier
 from datacache.cache.extents import digest_range, write_range
 
@@ -50,7 +51,10 @@ def test_a_complete_version_is_one_contiguous_file_handed_out_after_its_check(tm
         tier.close()
 
 
-def test_a_damaged_block_fails_the_first_hand_out_and_is_refetched(tmp_path):
+def test_a_damaged_block_fails_the_first_hand_out_after_a_boot_and_is_refetched(tmp_path, monkeypatch):
+    """The first hand-out of a file in a boot checks it; another process of that boot (here a second
+    instance) trusts that check; after a reboot (a new ``boot_id``: set here, as a test cannot
+    reboot) the file is checked again and the damage found."""
     directory = str(tmp_path / "ssd")
     blocks = [os.urandom(BLOCK) for _ in range(3)]
     tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
@@ -64,7 +68,15 @@ def test_a_damaged_block_fails_the_first_hand_out_and_is_refetched(tmp_path):
     with open(path, "r+b") as f:  # the device changed a byte of block 2 while no process ran
         f.seek(2 * BLOCK + 5)
         f.write(bytes([blocks[2][5] ^ 0xFF]))
-    tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)  # a restart: checked again at hand-out
+    tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)  # another process, the same boot
+    try:
+        os.close(tier.open_whole(FILE, 3 * BLOCK, 3))  # checked in this boot already: handed out
+        assert tier.corrupt == 0
+    finally:
+        tier.close()
+    mark = disk.boot_mark()
+    monkeypatch.setattr(disk, "boot_mark", lambda: mark ^ 4)  # a reboot
+    tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
     try:
         assert tier.open_whole(FILE, 3 * BLOCK, 3) is None
         assert tier.corrupt == 1 and f"{FILE}/2" not in tier

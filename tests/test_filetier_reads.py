@@ -10,7 +10,9 @@ import io
 import os
 
 import fsspec
+import pytest
 
+from datacache.cached_file import MAP_MIN, CachedFile
 from datacache.warmup import warmup
 from datacache.stack import layout
 from support import apply_dataset
@@ -115,6 +117,55 @@ def test_a_plain_file_open_keeps_its_bytes_while_the_cache_evicts_it(datacache_h
         assert hashlib.sha256(head + rest).digest() == hashlib.sha256(data).digest()
         used, capacity = client.usage()
         assert capacity == 4 << 20 and used <= capacity
+    finally:
+        fs.close()
+        plane.close()
+
+
+def test_pyarrow_reads_a_complete_version_from_views_of_its_cache_file(datacache_home, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "src"
+    src.mkdir()
+    table = pa.table({"id": pa.array(range(400_000), pa.int64()), "x": pa.array(range(400_000), pa.float64())})
+    pq.write_table(table, src / "t.parquet", row_group_size=100_000, compression="none")
+    size = (src / "t.parquet").stat().st_size
+    assert size >= MAP_MIN  # mapped, not copied
+    small = os.urandom(1000)
+    (src / "small.bin").write_bytes(small)
+    levels = [{"mediumtype": "SSD", "path": "cache", "quota": "64Mi"}]
+    plane = apply_dataset(datacache_home, "pq", [{"name": "local", "mountPoint": str(src)}], levels, block_size="64Ki")
+    fs = fsspec.filesystem("datacache", home=str(plane.home), skip_instance_cache=True)
+    client = fs._client("pq")
+    try:
+        assert warmup(client, ["t.parquet", "small.bin"]).ok
+        with fs.open("pq/t.parquet") as f:
+            assert isinstance(f, CachedFile) and f.name == "t.parquet"
+            pf = pq.ParquetFile(f)
+            assert pf.metadata.num_row_groups == 4
+            for i in (3, 0, 2):
+                assert pf.read_row_group(i).equals(table.slice(i * 100_000, 100_000))
+            f.seek(size - 4096)
+            got = pa.PythonFile(f, mode="r").read_buffer(4096)  # pyarrow's own adapter, as ParquetFile uses
+            f.seek(size - 4096)
+            view = f.read_buffer(10_000)  # short at EOF
+            assert isinstance(view, memoryview) and len(view) == 4096 and f.tell() == size
+            assert got.address == pa.py_buffer(view).address  # the same bytes of the mapping: no copy
+            assert f.read_buffer(10) == b"" and f.tell() == size
+            f.seek(size + 5)  # past EOF, as io allows
+            assert f.read_buffer() == b"" and f.tell() == size + 5
+            f.seek(7)
+            rest = f.read_buffer()
+            assert f.read() == b""
+        assert hashlib.sha256(rest).digest() == hashlib.sha256((src / "t.parquet").read_bytes()[7:]).digest()
+        with pytest.raises(ValueError, match="closed file"):
+            f.read_buffer(1)
+        with fs.open("pq/small.bin") as f:
+            assert isinstance(f, CachedFile)
+            f.seek(10)
+            part = f.read_buffer(100)  # below MAP_MIN: a copy
+            assert type(part) is bytes and part == small[10:110] and f.tell() == 110
     finally:
         fs.close()
         plane.close()
