@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from datacache.cache import filetier
 from datacache.cache.blocks import PieceBlock, file_id
 from datacache.cache.filetier import FileTier, MissingBlock, materialize_entry
 from support import apply_dataset, du
@@ -59,7 +60,7 @@ def test_bytes_equal_the_blocks_and_survive_a_restart(tmp_path, size):
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
         assert tier.contains(fid("a")) and not tier.contains(fid("b"))
         assert tier.used() >= size
-    with FileTier(str(d), 64 * MiB) as tier:  # checked at its first hand-out, then handed out
+    with FileTier(str(d), 64 * MiB) as tier:  # written in this boot: trusted, handed out
         assert file_sha(tier.path(fid("a"))) == sha(data)
         assert tier.materialize(fid("a"), size, iter(())) == tier.path(fid("a"))  # already complete
 
@@ -202,7 +203,11 @@ def test_a_live_writers_temp_is_kept_by_a_sweep_and_not_written_twice(tmp_path):
         child.join(60)
 
 
-def test_a_damaged_file_is_dropped_by_verify_and_at_its_first_hand_out_after_a_restart(tmp_path, caplog):
+def test_a_damaged_file_is_dropped_by_verify_and_at_its_first_hand_out_after_a_reboot(tmp_path, caplog,
+                                                                                       monkeypatch):
+    """A file written or checked in this boot is trusted by the other processes of the boot (here
+    a second instance); after a reboot (a new ``boot_id``: set here, as a test cannot reboot) its
+    first hand-out checks it again and finds the damage."""
     d = str(tmp_path / "t")
     data = {n: os.urandom(2 * MiB + 3) for n in "abc"}
     with FileTier(d, 64 * MiB) as tier:
@@ -215,9 +220,13 @@ def test_a_damaged_file_is_dropped_by_verify_and_at_its_first_hand_out_after_a_r
             byte = f.read(1)
             f.seek(flip_at)
             f.write(bytes([byte[0] ^ 0x10]))
+    with FileTier(d, 64 * MiB) as tier:  # another process of the same boot
+        assert tier.path(fid("b")) == os.path.join(d, fid("b")) and tier.dropped == 0  # written this boot: trusted
+    mark = filetier.boot_mark()
+    monkeypatch.setattr(filetier, "boot_mark", lambda: mark ^ 4)  # a reboot
     with FileTier(d, 64 * MiB) as tier:
         assert tier.verify(fid("a")) == [fid("a")]
-        assert tier.path(fid("b")) is None  # first hand-out by this instance: checked, dropped
+        assert tier.path(fid("b")) is None  # first hand-out in this boot: checked, dropped
         assert tier.dropped == 2 and entries(d) == {fid("c")}
         assert f"file tier {d}: file {fid('a')} failed its check (2097155 bytes and xxh3" in caplog.text
         assert not tier.contains(fid("a")) and not tier.contains(fid("b"))
@@ -316,3 +325,23 @@ def test_a_damaged_index_is_replaced_and_its_files_dropped(tmp_path, caplog):
         assert tier.path(fid("a")) is None and entries(d) == set()
         assert f"file tier {d}: damaged index {d}/index.db" in caplog.text
         assert file_sha(tier.materialize(fid("a"), len(data), blocks(data))) == sha(data)
+
+
+def test_an_index_of_the_earlier_layout_gains_the_boot_mark_and_checks_its_files_once(tmp_path):
+    import sqlite3
+
+    d = str(tmp_path / "t")
+    data = os.urandom(2 * MiB + 3)
+    with FileTier(d, 64 * MiB) as tier:
+        tier.materialize(fid("a"), len(data), blocks(data))
+    db = sqlite3.connect(os.path.join(d, "index.db"))
+    db.execute("ALTER TABLE files DROP COLUMN checked")  # as the index was before the mark
+    db.commit()
+    db.close()
+    with FileTier(d, 64 * MiB) as tier:
+        assert file_sha(tier.path(fid("a"))) == sha(data) and tier.dropped == 0  # checked, then handed out
+    db = sqlite3.connect(os.path.join(d, "index.db"))
+    try:
+        assert db.execute("SELECT checked FROM files WHERE fid = ?", (fid("a"),)).fetchone() == (filetier.boot_mark(),)
+    finally:
+        db.close()

@@ -88,6 +88,7 @@ import uuid
 from datacache import private
 from datacache.errors import ConfigError
 from datacache.cache.blocks import PIECE, PieceBlock, checksum
+from datacache.cache.boot import boot_mark
 from datacache.cache.extents import (commit_frees, copy_on_write, digest_range, punch_hole, read_pieces, read_range,
                                      will_need, write_range)
 from datacache.cache.openfiles import OpenFiles
@@ -240,20 +241,6 @@ def _is_full(err: BaseException) -> bool:
     if isinstance(err, OSError):
         return err.errno in (errno.ENOSPC, errno.EDQUOT)
     return "full" in str(err)
-
-
-@functools.cache
-def boot_mark() -> int:
-    """A number naming this boot of the machine (from the kernel's ``boot_id``, a random UUID
-    drawn at each boot), never 0 or 1 (the marks of files never checked and of files checked in
-    an earlier layout); a process-unique number where ``boot_id`` cannot be read, so that every
-    process checks for itself there."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            mark = int(f.read().strip().replace("-", ""), 16) >> 66
-    except (OSError, ValueError):
-        mark = uuid.uuid4().int >> 66
-    return mark | 2
 
 
 class DiskTier:

@@ -12,7 +12,8 @@ index row names, so no other tier may share it), holding
 - ``<file id>.<token>.tmp``: a file being written, under an exclusive ``flock`` held by its writer
   for as long as it writes;
 - ``index.db``: SQLite, one row per complete file (file id, size, last access, xxh3-64 of the whole
-  file) and one per write in flight (temp name, file id, size reserved);
+  file, the :func:`~datacache.cache.boot.boot_mark` of the boot it was last checked in) and one per
+  write in flight (temp name, file id, size reserved);
 - ``.lock``: the ``flock`` that orders index changes and evictions across processes (a thread lock
   orders them within one).
 
@@ -41,13 +42,14 @@ Integrity, what is verified when:
   block on every disk read, see :mod:`datacache.cache.disk`); :meth:`FileTier.materialize` hashes
   the bytes as it writes them and stores that whole-file xxh3-64 in the index;
 - a file is checked (its size, then its whole-file xxh3-64) the first time a :class:`FileTier`
-  instance hands it out, unless that instance wrote it: so after every restart of the process
-  (and so after a power loss) every file is read once before it is trusted. A file failing the
-  check is dropped and :meth:`FileTier.path` answers None (the caller reads through the blocks);
+  hands it out after the machine booted, unless it was written or checked in this boot (the
+  ``checked`` mark in its row, shared by the processes of the boot): so after a power loss (a new
+  boot) every file is read once before it is trusted. A file failing the check is dropped and
+  :meth:`FileTier.path` answers None (the caller reads through the blocks);
 - :meth:`FileTier.verify` re-reads every file (the ``datacache verify`` scrub) and drops the
   damaged ones.
-Between those checks a file handed out is not re-read: a byte damaged on the device while this
-process runs is found by the next restart or scrub, the same trade-off as JuiceFS's
+Between those checks a file handed out is not re-read: a byte damaged on the device while the
+machine runs is found by the scrub or after the next reboot, the same trade-off as JuiceFS's
 ``--verify-cache-checksum=full`` default (checks when a cached block is loaded, not on every read).
 """
 
@@ -68,6 +70,7 @@ import xxhash
 
 from datacache import private
 from datacache.cache.blocks import PIECE, PieceBlock, block_count
+from datacache.cache.boot import boot_mark
 from datacache.entry import FileEntry
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,7 @@ _INDEX_FILES = (_INDEX, _INDEX + "-journal", _INDEX + "-wal", _INDEX + "-shm")
 _FINAL = re.compile(r"[0-9a-f]{32}")
 _TEMP = re.compile(r"[0-9a-f]{32}\.[0-9a-f]{32}\.tmp")
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS files (fid TEXT PRIMARY KEY, size INTEGER NOT NULL, "
-           "atime REAL NOT NULL, digest TEXT NOT NULL)",
+           "atime REAL NOT NULL, digest TEXT NOT NULL, checked INTEGER NOT NULL DEFAULT 0)",
            "CREATE INDEX IF NOT EXISTS files_atime ON files (atime)",
            "CREATE TABLE IF NOT EXISTS writes (temp TEXT PRIMARY KEY, fid TEXT NOT NULL, size INTEGER NOT NULL)")
 
@@ -146,6 +149,8 @@ class FileTier:
             os.chmod(os.path.join(self.directory, _INDEX), private.FILE_MODE)
             for statement in _SCHEMA:
                 db.execute(statement)
+            if "checked" not in {row[1] for row in db.execute("PRAGMA table_info(files)")}:  # an older index
+                db.execute("ALTER TABLE files ADD COLUMN checked INTEGER NOT NULL DEFAULT 0")
         except BaseException:
             db.close()
             raise
@@ -162,15 +167,15 @@ class FileTier:
 
     def path(self, fid: str) -> str | None:
         """Path of the complete, checked file of version ``fid``, or None (absent, or dropped now
-        for failing its first check by this instance). Marks it recently used. The file may be
+        for failing its first check in this boot). Marks it recently used. The file may be
         evicted right after: a caller opening it handles ``FileNotFoundError`` (see :meth:`open`).
         Raises ``ValueError`` for a malformed ``fid`` (see :meth:`materialize`)."""
         _check_fid(fid)
         with self._lock:
-            row = self._db.execute("SELECT size, digest FROM files WHERE fid = ?", (fid,)).fetchone()
+            row = self._db.execute("SELECT size, digest, checked FROM files WHERE fid = ?", (fid,)).fetchone()
         if row is None:
             return None
-        if fid not in self._verified and not self._check(fid, *row):
+        if fid not in self._verified and row[2] != boot_mark() and not self._check(fid, *row[:2]):
             return None
         self._note_access(fid)
         return os.path.join(self.directory, fid)
@@ -251,7 +256,8 @@ class FileTier:
                 with self._db:
                     self._db.execute("BEGIN IMMEDIATE")
                     self._db.execute("DELETE FROM writes WHERE temp = ?", (temp,))
-                    self._db.execute("INSERT INTO files VALUES (?, ?, ?, ?)", (fid, size, time.time(), digest))
+                    self._db.execute("INSERT INTO files (fid, size, atime, digest, checked) VALUES (?, ?, ?, ?, ?)",
+                                     (fid, size, time.time(), digest, boot_mark()))  # hashed as written
                 self._verified.add(fid)
         except BaseException:
             self._abandon(fd, temp)
@@ -320,6 +326,11 @@ class FileTier:
             found = f"unreadable ({err})"
         if found == digest:
             self._verified.add(fid)
+            # The other processes of this boot trust it now; an index that cannot take the mark
+            # (a full device) only leaves them to check it themselves.
+            with self._exclusive(), contextlib.suppress(sqlite3.Error):
+                self._db.execute("UPDATE files SET checked = ? WHERE fid = ? AND digest = ?",
+                                 (boot_mark(), fid, digest))
             return True
         with self._exclusive():
             row = self._db.execute("SELECT digest FROM files WHERE fid = ?", (fid,)).fetchone()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ import time
 import numpy as np
 import pytest
 
+from datacache.cache.boot import boot_mark
 from datacache.control.embedded import Embedded
 from fuse_support import BLOCK, apply_dataset, cli, daemon_pid, force_cleanup, mount, sha256, wait_until
 
@@ -138,18 +140,28 @@ def test_eviction_under_an_open_passthrough_handle_never_changes_its_bytes(fuse_
         force_cleanup(fuse_env.home, mountpoint)
 
 
-def test_a_damaged_cache_file_is_checked_before_it_is_first_passed_through(fuse_env, small_cache, mountpoint):
+def test_a_damaged_cache_file_is_checked_before_it_is_first_passed_through_after_a_reboot(fuse_env, small_cache,
+                                                                                          mountpoint):
     name, source = small_cache
     want = sha256(source)
     try:
         daemon, cached = _mount_and_fill(fuse_env, name, mountpoint, want)
-        os.close(_passthrough_open(mountpoint, TARGET, daemon))  # handed out whole, checked by this daemon
+        os.close(_passthrough_open(mountpoint, TARGET, daemon))  # handed out whole, checked in this boot
         assert cli("unmount", mountpoint, home=fuse_env.home).returncode == 0
         wait_until(lambda: not os.path.exists(f"/proc/{daemon}"), 30, "the daemon to exit")
 
         with open(cached, "r+b") as f:  # the device changed one byte of block 2 while no daemon ran
             f.seek(2 * BLOCK + 99)
             f.write(bytes([source[2 * BLOCK + 99] ^ 0xFF]))
+        # ... and the machine rebooted: the index's marks name an earlier boot (a test cannot reboot;
+        # a daemon of the same boot trusts the first daemon's check).
+        index = sqlite3.connect(os.path.join(os.path.dirname(os.path.dirname(cached)), "index.db"))
+        try:
+            with index:
+                assert index.execute("UPDATE files SET exposed = ? WHERE exposed = ?",
+                                     (boot_mark() ^ 4, boot_mark())).rowcount == 1
+        finally:
+            index.close()
         mount(fuse_env, mountpoint, "--read-mode", "passthrough", name=name)
         daemon = wait_until(lambda: daemon_pid(fuse_env.home, mountpoint), 10, "the new daemon's state file")
         before = _read_syscalls(daemon)
