@@ -5,9 +5,10 @@ plain local file, so ``read`` costs what it costs on the local disk. A reader ca
 copy when it accepts a buffer: pyarrow's Python-file adapter calls ``read_buffer(n)`` when the
 file has it and wraps what it gets without copying (``arrow/python/io.cc``, ``PyReadableFile::Read``),
 so here Parquet's footer and column chunks are read as views of a read-only ``mmap`` of the cache
-file instead of copies (a random row group of the benchmarks' Parquet files: 190-200 row groups/s
-against 170-180 through ``read``, and fsspec's ``blockcache``, which copies out of its own
-``mmap``, reads as ``read`` does; 2026-12-06).
+file instead of copies (a random row group of the benchmarks' Parquet files, one process: 190-200
+row groups/s against 170-180 through ``read``; fsspec's ``blockcache``, which copies out of its own
+``mmap``, reads as ``read`` does. In the 4-process benchmark, where decoding dominates: 1.00-1.04x
+fsspec's caches; 2026-12-06).
 
 Why the mapping is safe: the cache never truncates a file it handed out whole or punches holes in
 it; it evicts it by ``unlink`` (:meth:`DiskTier.open_whole`, :mod:`datacache.cache.filetier`), and
