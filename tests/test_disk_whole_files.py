@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from datacache.cache.blocks import checksum
 from datacache.cache import disk
+from datacache.cache.blocks import checksum
 from datacache.cache.disk import DiskTier
 from datacache.cache.extents import digest_range, write_range
 

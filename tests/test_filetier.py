@@ -10,6 +10,7 @@ import hashlib
 import mmap
 import multiprocessing
 import os
+import sqlite3
 import stat
 import threading
 import time
@@ -328,8 +329,6 @@ def test_a_damaged_index_is_replaced_and_its_files_dropped(tmp_path, caplog):
 
 
 def test_an_index_of_the_earlier_layout_gains_the_boot_mark_and_checks_its_files_once(tmp_path):
-    import sqlite3
-
     d = str(tmp_path / "t")
     data = os.urandom(2 * MiB + 3)
     with FileTier(d, 64 * MiB) as tier:
