@@ -20,21 +20,21 @@ from __future__ import annotations
 
 import io
 import mmap
-import os
 
 MAP_MIN = 1 << 20  # bytes: smaller files answer read_buffer with a copy (mapping costs more than it saves)
 
 
 class CachedFile(io.BufferedReader):
     """``io.BufferedReader`` over the read-only descriptor ``fd`` (owned: closed with the file)
-    of a complete local file, plus :meth:`read_buffer`. ``name``: what ``name`` reports (the
-    dataset path). Errors are ``io``'s: ``ValueError`` on a closed file, ``OSError`` from the device."""
+    of a complete local file of ``size`` bytes, plus :meth:`read_buffer`. ``name``: what ``name``
+    reports (the dataset path). Errors are ``io``'s: ``ValueError`` on a closed file, ``OSError``
+    from the device."""
 
-    def __init__(self, fd: int, name: str):
+    def __init__(self, fd: int, name: str, size: int):
         super().__init__(io.FileIO(fd, "rb", closefd=True))
         self._name = name
+        self._size = size
         self._map: mmap.mmap | None = None
-        self._small = False  # smaller than MAP_MIN: read_buffer copies
 
     @property
     def name(self) -> str:
@@ -45,8 +45,7 @@ class CachedFile(io.BufferedReader):
         them: for a file of at least :data:`MAP_MIN` bytes a read-only ``memoryview`` of a mapping
         of the file (no copy; it stays valid after :meth:`close`), else ``bytes``."""
         if self._map is None:
-            if self._small or os.fstat(self.fileno()).st_size < MAP_MIN:
-                self._small = True
+            if self._size < MAP_MIN:
                 return self.read(size)
             self._map = mmap.mmap(self.fileno(), 0, prot=mmap.PROT_READ)
         pos = self.tell()

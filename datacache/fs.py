@@ -135,7 +135,7 @@ class DatacacheFileSystem(AbstractFileSystem):
         if fd is None:
             return client.open_entry(entry)
         client.reading(entry)
-        return CachedFile(fd, entry.path)
+        return CachedFile(fd, entry.path, entry.size)
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         # No file object: a small file is one block read (DatasetClient.read).
