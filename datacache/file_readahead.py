@@ -36,15 +36,21 @@ log = logging.getLogger(__name__)
 AHEAD_FILES = 8  # files prepared ahead of a sequential scan
 STRIDE = 4  # a read this many places past the last one still counts as the scan going on
 CONFIRM = 3  # steps of a scan in a row before the next files are prepared
-DIRECTORIES = 64  # directory listings kept (a scan is in a few at a time)
+DIRECTORIES = 1024  # directories whose last read is kept (a scan is in a few at a time)
 
 
 class FileReadAhead:
-    """``on_read`` listener of ``client`` (a DatasetClient: its namespace gives directory order,
-    its current block source prefetches). ``standby``: True while something better prefetches
-    (a plan is followed); ``ahead``: files prepared ahead; ``stride``: see :data:`STRIDE`;
-    ``confirm``: see :data:`CONFIRM`.
-    Thread-safe; quick (a dict lookup per read, one prefetch call per file the scan moves on)."""
+    """``on_read`` listener of ``client`` (a DatasetClient: its namespace's manifest gives the
+    order, its current block source prefetches). ``standby``: True while something better
+    prefetches (a plan is followed); ``ahead``: files prepared ahead; ``stride``: see
+    :data:`STRIDE`; ``confirm``: see :data:`CONFIRM`.
+
+    Places are the manifest's rows in path order (:meth:`Manifest.position`), in which a
+    directory's files follow each other in name order: a read costs a cached look-up, whatever
+    the directory's size (a listing per read cost 2.3 ms a shuffled read in 1,000 directories of
+    1,281 files, ImageNet's shape). A subdirectory's files sort among its parent's, so a scan
+    steps over a subdirectory as over a jump. The window moves on once less than half of it is
+    left ahead of the reads, several files at a time, as the kernel's read-ahead does. Thread-safe."""
 
     def __init__(self, client, standby: Callable[[], bool] = lambda: False, ahead: int = AHEAD_FILES,
                  stride: int = STRIDE, confirm: int = CONFIRM):
@@ -56,32 +62,36 @@ class FileReadAhead:
         self.confirm = confirm
         self.prefetched = 0  # files whose first block was asked for
         self._lock = threading.Lock()
-        # dir -> (its files in name order, path -> position), the DIRECTORIES most recently read in
-        self._order: OrderedDict[str, tuple[list[FileEntry], dict[str, int]]] = OrderedDict()
-        self._manifest = None  # the snapshot _order was built from
-        self._last: dict[str, int] = {}  # dir -> position of the last file read there
-        self._steps: dict[str, int] = {}  # dir -> scan steps in a row that led to that file
-        self._high: dict[str, int] = {}  # dir -> position past the last file prepared
+        self._manifest = None  # the snapshot the places below are rows of
+        # dir -> (row of the last file read there, scan steps in a row that led to it, row past
+        # the last file prepared), the DIRECTORIES most recently read in
+        self._scans: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
 
     def __call__(self, entry: FileEntry) -> None:
         if self.standby():
             return
+        manifest = self.namespace.manifest
+        row = manifest.position(entry.path)
+        if row is None:  # not in the current snapshot (gone since): not a scan step
+            return
         parent = posixpath.dirname(entry.path)
         with self._lock:
-            files, position = self._directory(parent)
-            i = position.get(entry.path)
-            if i is None:  # not in the current listing (gone since): not a scan step
-                return
-            last = self._last.get(parent)
-            self._last[parent] = i
-            steps = self._steps[parent] = self._steps.get(parent, 0) + 1 if (
-                last is not None and 0 < i - last <= self.stride) else 0
-            if steps < self.confirm:
-                return
-            start = max(i + 1, self._high.get(parent, 0))
-            end = min(i + 1 + self.ahead, len(files))
-            self._high[parent] = max(end, self._high.get(parent, 0))
-            upcoming = files[start:end]
+            if manifest is not self._manifest:
+                self._manifest = manifest
+                self._scans.clear()
+            last, steps, high = self._scans.pop(parent, (None, 0, 0))
+            steps = steps + 1 if last is not None and 0 < row - last <= self.stride else 0
+            start, end = max(row + 1, high), min(row + 1 + self.ahead, manifest.file_num)
+            # not a scan (yet), or more than half of the window still ahead: nothing to prepare now
+            prepare = steps >= self.confirm and high - row <= self.ahead // 2 and start < end
+            if prepare:
+                high = end
+            self._scans[parent] = (row, steps, high)
+            if len(self._scans) > DIRECTORIES:
+                self._scans.popitem(last=False)
+        if not prepare:
+            return
+        upcoming = [f for f in manifest.rows(start, end) if posixpath.dirname(f.path) == parent]
         source = self.client.source
         try:
             for f in upcoming:
@@ -90,31 +100,3 @@ class FileReadAhead:
             log.debug("read-ahead of %s's next files not started: %s", entry.path, err)
             return
         self.prefetched += len(upcoming)
-
-    def _directory(self, parent: str) -> tuple[list[FileEntry], dict[str, int]]:
-        """The files of ``parent`` in name order and their positions (under the lock; rebuilt
-        when the manifest changed)."""
-        manifest = self.namespace.manifest
-        if manifest is not self._manifest:
-            self._manifest = manifest
-            self._order.clear()
-            self._last.clear()
-            self._steps.clear()
-            self._high.clear()
-        known = self._order.get(parent)
-        if known is not None:
-            self._order.move_to_end(parent)
-            return known
-        try:
-            children = self.namespace.listdir(parent)
-        except OSError:
-            children = {}
-        files = [e for _, e in sorted(children.items()) if e is not None]
-        known = self._order[parent] = (files, {e.path: n for n, e in enumerate(files)})
-        if len(self._order) > DIRECTORIES:
-            gone, _ = self._order.popitem(last=False)
-            self._last.pop(gone, None)
-            self._steps.pop(gone, None)
-            self._high.pop(gone, None)
-        return known
-

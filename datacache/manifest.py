@@ -61,6 +61,7 @@ CHANGES = ("added", "changed", "deleted")
 BATCH_ROWS = 65536  # rows per Parquet row group and per batch held while streaming
 DIFF_LIMIT = 10000  # paths of each kind a ManifestDiff keeps in memory when its full list is on disk
 _DIR_CACHE_ENTRIES = 262144  # children held by the listdir LRU cache, all directories together
+_FEW_ROWS = 4  # ranges of rows up to this long are read element by element (see Manifest.rows)
 _FOUND_ENTRIES = 16384  # recent lookups kept (~5 MiB): a warm epoch's hits skip the binary search
 
 
@@ -155,6 +156,13 @@ def _is_sorted(column: pa.ChunkedArray) -> bool:
             return False
         prev = chunk[-1].as_py()
     return True
+
+
+def _first_at_least(array: pa.Array, key: str) -> int:
+    """Index of the first element of the sorted string ``array`` that is >= ``key`` (its length
+    if none): Arrow's ``search_sorted`` (byte order, which is ``str`` order for UTF-8), ~4 µs in
+    a batch of 65,536 paths against ~10-16 µs for ``bisect`` over Python strings (2026-12-06)."""
+    return pc.search_sorted(array, pa.scalar(key, array.type)).as_py()
 
 
 class _Strings:
@@ -277,11 +285,11 @@ class Manifest:
         c = bisect.bisect_left(self._lasts, key)
         if c == len(self._chunks):
             return self._starts[-1]
-        return self._starts[c] + bisect.bisect_left(_Strings(self._chunks[c]), key)
+        return self._starts[c] + _first_at_least(self._chunks[c], key)
 
     def _path_at(self, i: int) -> str:
-        c = bisect.bisect_right(self._starts, i) - 1
-        return self._chunks[c][i - self._starts[c]].as_py()
+        c, j = self._chunk_of(i)
+        return self._chunks[c][j].as_py()
 
     def _range(self, prefix: str) -> tuple[int, int]:
         """Rows ``[lo, hi)`` whose path starts with ``prefix``."""
@@ -289,13 +297,41 @@ class Manifest:
             return 0, self.file_num
         return self._lower_bound(prefix), self._lower_bound(_after_prefix(prefix))
 
-    def _rows(self, lo: int, hi: int) -> Iterator[FileEntry]:
+    def rows(self, lo: int, hi: int) -> Iterator[FileEntry]:
+        """The files of rows ``lo`` to ``hi - 1`` in path order (see :meth:`position`); rows past
+        the last are none."""
+        hi = min(hi, self.file_num)
+        if hi - lo <= _FEW_ROWS:  # element access: ~3 µs a row, against ~13 µs for any slice
+            return (self._entry_at(*self._chunk_of(i)) for i in range(lo, hi))
         return _entries(self.table.slice(lo, hi - lo))
+
+    def _chunk_of(self, i: int) -> tuple[int, int]:
+        """``(batch, index in it)`` of row ``i``."""
+        c = bisect.bisect_right(self._starts, i) - 1
+        return c, i - self._starts[c]
+
+    def _entry_at(self, c: int, i: int, path: str | None = None) -> FileEntry:
+        """The file of row ``i`` of batch ``c`` (``path``: its path when known). Element access in
+        the row's own batch: ~2 µs, against ~5 µs through the table's columns (each finds its
+        chunk again) and ~13 µs slicing a one-row table."""
+        return FileEntry(self._chunks[c][i].as_py() if path is None else path,
+                         *(col[i].as_py() for col in self._rest[c]))
 
     # -- lookups ---------------------------------------------------------------------------------
     def lookup(self, path: str) -> FileEntry | None:
         """The file at dataset ``path`` (normalised), or None (also for directories)."""
-        key = normalize(path)
+        found = self._find(normalize(path))
+        return found[0] if found is not None else None
+
+    def position(self, path: str) -> int | None:
+        """The row of the file at dataset ``path`` in path order (0 to ``file_num - 1``), or None
+        (also for directories). A directory's files are consecutive rows in name order, with
+        the files of its subdirectories among them where their names sort."""
+        found = self._find(normalize(path))
+        return found[1] if found is not None else None
+
+    def _find(self, key: str) -> tuple[FileEntry, int] | None:
+        """``(entry, row)`` of the file at normalised ``key``, or None."""
         found = self._found.get(key)
         if found is None:
             found = self._search(key)
@@ -305,16 +341,14 @@ class Manifest:
                 self._found[key] = found
         return found
 
-    def _search(self, key: str) -> FileEntry | None:
+    def _search(self, key: str) -> tuple[FileEntry, int] | None:
         c = bisect.bisect_left(self._lasts, key)
         if not key or c == len(self._chunks):
             return None
         chunk = self._chunks[c]
-        i = bisect.bisect_left(_Strings(chunk), key)
+        i = _first_at_least(chunk, key)
         if i < len(chunk) and chunk[i].as_py() == key:
-            # Element access in the row's own batch: ~13 µs a lookup, against ~22 µs through the
-            # table's columns (each finds its chunk again) and ~60 µs slicing a one-row table.
-            return FileEntry(key, *(col[i].as_py() for col in self._rest[c]))
+            return self._entry_at(c, i, key), self._starts[c] + i
         return None
 
     def is_dir(self, path: str) -> bool:
@@ -360,7 +394,7 @@ class Manifest:
         step = 16  # rows converted at a time; doubles over runs of files, resets after a subdirectory
         while i < hi:
             n = min(step, hi - i)
-            for offset, entry in enumerate(self._rows(i, i + n)):
+            for offset, entry in enumerate(self.rows(i, i + n)):
                 name, sep, _ = entry.path[len(prefix):].partition("/")
                 if sep:  # a subdirectory: skip all its rows at once
                     children.setdefault(name, None)
@@ -393,12 +427,12 @@ class Manifest:
         if entry is not None:
             return [entry]
         if self.is_dir(key):
-            return list(self._rows(*self._range(f"{key}/" if key else "")))
+            return list(self.rows(*self._range(f"{key}/" if key else "")))
         wild = min((key.find(c) for c in "*?[" if c in key), default=-1)
         if wild < 0:
             return []
         # Only paths that start with the literal part before the first wildcard can match.
-        return [e for e in self._rows(*self._range(key[:wild])) if fnmatch.fnmatchcase(e.path, key)]
+        return [e for e in self.rows(*self._range(key[:wild])) if fnmatch.fnmatchcase(e.path, key)]
 
     def diff(self, newer: "Manifest") -> ManifestDiff:
         """What changed from this snapshot to ``newer`` (complete lists, in memory); a directory

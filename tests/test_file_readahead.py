@@ -101,3 +101,63 @@ def test_a_shuffled_order_prefetches_nothing(tmp_path, datacache_home):
     finally:
         client.close()
         paths.close()
+
+
+def test_scans_of_many_directories_at_once_are_followed_without_listing_them(tmp_path, datacache_home):
+    # 80 directories scanned side by side (one read in each in turn, as 80 readers of one
+    # directory each would): more directories than a per-directory listing cache held (64).
+    dirs, per_dir = 80, CONFIRM + 3
+    files = {}
+    for d in range(dirs):
+        (tmp_path / "src" / f"d{d:02d}").mkdir(parents=True)
+        for i in range(per_dir):
+            data = os.urandom(3000 + d)
+            (tmp_path / "src" / f"d{d:02d}" / f"{i}.bin").write_bytes(data)
+            files[f"d{d:02d}/{i}.bin"] = data
+    apply_dataset(datacache_home, "many", [{"name": "src", "mountPoint": f"local://{tmp_path / 'src'}"}],
+                  fuse={"scanWarmup": False}).close()
+    paths = read_path(str(datacache_home))
+    client = paths.open_dataset("many")
+    try:
+        ahead = next(r for r in client._readers if isinstance(r, FileReadAhead))
+        for i in range(CONFIRM + 1):  # the CONFIRM-th step in each directory prepares its last 2 files
+            for d in range(dirs):
+                p = f"d{d:02d}/{i}.bin"
+                assert _read(client, p) == files[p]
+        rest = [f"d{d:02d}/{i}.bin" for d in range(dirs) for i in range(CONFIRM + 1, per_dir)]
+        assert ahead.prefetched == len(rest) == dirs * 2
+        assert _wait_cached(client, rest) == rest
+        hits0, misses0 = client.source.hit_counts()
+        for p in rest:
+            assert hashlib.sha256(_read(client, p)).digest() == hashlib.sha256(files[p]).digest()
+        assert client.source.hit_counts() == (hits0 + len(rest), misses0)
+        assert client.namespace.manifest._dir_cache == {}  # no directory was listed to follow the scans
+    finally:
+        client.close()
+        paths.close()
+
+
+def test_a_scan_steps_over_a_subdirectory_and_prepares_only_its_own_files(tmp_path, datacache_home):
+    # name order of 'top': a0 a1 a2 a3 b/ c0 c1 ...; the rows of b/'s files lie between a3 and c0
+    src = tmp_path / "src"
+    (src / "top" / "b").mkdir(parents=True)
+    files = {}
+    for name in ["a0", "a1", "a2", "a3", "c0", "c1", "c2"] + [f"b/{i}" for i in range(3)]:
+        data = os.urandom(2000 + len(files))
+        (src / "top" / name).write_bytes(data)
+        files[f"top/{name}"] = data
+    apply_dataset(datacache_home, "sub", [{"name": "src", "mountPoint": f"local://{src}"}],
+                  fuse={"scanWarmup": False}).close()
+    paths = read_path(str(datacache_home))
+    client = paths.open_dataset("sub")
+    try:
+        ahead = next(r for r in client._readers if isinstance(r, FileReadAhead))
+        for p in ("top/a0", "top/a1", "top/a2", "top/a3"):  # the third step prepares the next 8 rows' own files
+            assert _read(client, p) == files[p]
+        own = ["top/c0", "top/c1", "top/c2"]
+        assert _wait_cached(client, own) == own
+        assert _cached(client, [f"top/b/{i}" for i in range(3)]) == []  # the subdirectory's files are not its
+        assert ahead.prefetched == 3
+    finally:
+        client.close()
+        paths.close()

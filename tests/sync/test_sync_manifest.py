@@ -54,23 +54,27 @@ def test_lookup_is_dir_listdir_match_the_reference():
     m = chunked([entry(p) for p in PATHS])
     assert [e.path for e in m] == sorted(PATHS)  # iteration in path order
     assert m.file_num == len(PATHS) and m.total_size == sum(len(p) * 7 for p in PATHS)
+    ordered = sorted(PATHS)
     for p in PATHS:
         assert m.lookup(p) == entry(p)
         assert m.lookup("/" + p + "/") == entry(p)  # normalised
+        assert m.position(p) == m.position("/" + p) == ordered.index(p)  # its row in path order
         assert not m.is_dir(p) or p == "a"
+    for lo, hi in ((0, 1), (5, 19), (300, len(PATHS)), (3, 3), (len(PATHS) - 2, len(PATHS) + 5)):  # chunks of 7
+        assert list(m.rows(lo, hi)) == [entry(p) for p in ordered[lo:hi]]
     for d in all_dirs(PATHS):
         assert m.is_dir(d)
         got = m.listdir(d)
         assert {k: v is not None for k, v in got.items()} == reference_listdir(PATHS, d)
         assert all(v == entry(f"{d}/{k}".lstrip("/")) for k, v in got.items() if v is not None)
     for missing in ("nope", "a/b/c", "a/b/c.txt/x", "a-", "many/f0300", "z/y/deep.bin"):
-        assert m.lookup(missing) is None
+        assert m.lookup(missing) is None and m.position(missing) is None
         assert not m.is_dir(missing)
         with pytest.raises(FileNotFoundError):
             m.listdir(missing)
     with pytest.raises(NotADirectoryError):
         m.listdir("a/b/c.txt")
-    assert m.lookup("") is None and m.is_dir("")
+    assert m.lookup("") is None and m.position("") is None and m.position("a/b") is None and m.is_dir("")
     with pytest.raises(ValueError, match="'..' is not allowed"):
         m.lookup("a/../b")
 
