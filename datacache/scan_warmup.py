@@ -16,10 +16,10 @@ It stays out of the way where that would be wrong:
 - the tree must fit in ``capacity_fraction`` of the cache's capacity (a larger one would evict
   what the epoch reads next; a plan's eviction by next use is the tool there); a subtree of a
   tree too large is still considered when a later window's reads all fall in it;
-- at least ``min_fraction`` of the tree's files must have been read (a look at 16 files of a tree
+- at least ``min_fraction`` of the tree's non-empty files must have been read (a look at 16 files of a tree
   of 3,000 loads nothing; an epoch over 75,000 files starts its warmup after 1,500);
-- a sample of ``sample`` of the tree's non-empty files must have at least ``cold_fraction`` of
-  them not cached (a warm epoch starts nothing);
+- a sample of up to ``sample`` of the tree's files (empty ones left out) must have at least
+  ``cold_fraction`` of them not cached (a warm epoch starts nothing);
 - one scan warmup per dataset and node at a time (``flock`` on ``lock_path``: several reading
   processes of a node, e.g. DataLoader workers reading ``datacache://``, start one; the lock is
   released explicitly, so a child forked meanwhile does not keep it), and a tree is warmed once
@@ -38,7 +38,6 @@ import logging
 import math
 import os
 import posixpath
-import random
 import threading
 import time
 from collections import OrderedDict
@@ -136,24 +135,23 @@ class ScanWarmup:
     def _run(self, tree: str, manifest, reads: float) -> None:
         label = f"dataset {self.client.name!r} under {tree or '/'!r}"
         try:
-            files = [e for e in manifest.select(tree) if e.size]
-            size = sum(e.size for e in files)
+            files, size = manifest.tree_size(tree)
             _used, capacity = self.client.source.usage()
             if size > self.capacity_fraction * capacity:
                 log.info("scan of %s: %d files, %d bytes, more than %.0f%% of the cache's %d bytes: not warmed",
-                         label, len(files), size, self.capacity_fraction * 100, capacity)
+                         label, files, size, self.capacity_fraction * 100, capacity)
                 return self._verdict(tree, manifest, too_large=True)
-            needed = math.ceil(self.min_fraction * len(files))
+            needed = math.ceil(self.min_fraction * files)
             if reads < needed:  # a look at a few files, not (yet) a scan
                 return self._verdict(tree, manifest, watch=(needed - reads, set()))
-            picked = random.sample(files, min(self.sample, len(files)))
+            picked = manifest.sample(tree, self.sample)
             if sum(not self.client.source.is_cached(e, 0) for e in picked) < self.cold_fraction * len(picked):
                 return  # warm (or nothing to load): stays done
             with _exclusive(self.lock_path) as mine:
                 if not mine:  # another process of this node warms this dataset: a later scan looks again
                     log.debug("scan of %s: another process warms this dataset now", label)
                     return self._verdict(tree, manifest)
-                log.info("scan of %s: warming its %d files (%d bytes) in the background", label, len(files), size)
+                log.info("scan of %s: warming its %d files (%d bytes) in the background", label, files, size)
                 self.started.append(tree)
                 result = warmup(self.client, [tree], parallel=self.parallel, cancel=self._cancel)
                 deadline = time.monotonic() + CLOSE_WAIT_S

@@ -79,6 +79,19 @@ def test_lookup_is_dir_listdir_match_the_reference():
         m.lookup("a/../b")
 
 
+def test_tree_sizes_and_samples_match_the_reference():
+    m = chunked([entry(p) for p in PATHS] + [FileEntry("a/b/empty", "m", "bucket/e", 0, 1.0, "v1")])
+    for d in all_dirs(PATHS) | {"/a/", "nope", "a/b/c.txt"}:
+        below = [p for p in PATHS if p.startswith(d.strip("/") + "/") or not d]
+        assert m.tree_size(d) == (len(below), sum(len(p) * 7 for p in below))  # the empty file not counted
+    random.seed(4)
+    picked = m.sample("a", 4)
+    assert len(picked) <= 4 and len({e.path for e in picked}) == len(picked)
+    assert all(e == entry(e.path) and e.path.startswith("a/") for e in picked)  # never the empty file
+    assert sorted(e.path for e in m.sample("many", 1000)) == sorted(p for p in PATHS if p.startswith("many/"))
+    assert m.sample("nope", 5) == [] and m.tree_size("") == (len(PATHS), m.total_size)
+
+
 def test_repeated_lookups_answer_the_same_and_stay_bounded(monkeypatch):
     import datacache.manifest as manifest_module
 
