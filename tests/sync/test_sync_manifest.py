@@ -209,3 +209,68 @@ def test_directory_rows_survive_save_and_a_refresh_splice(tmp_path):
     assert loaded.diff(spliced) == ManifestDiff(["e/new.txt"], [], [])  # the directory was there already
     gone = loaded.with_entry(None, "a")
     assert gone.dir_rows.equals(loaded.dir_rows) and gone.lookup("a") is None
+
+
+def test_a_large_manifest_is_mapped_from_its_arrow_copy_by_later_loads(tmp_path, monkeypatch, caplog):
+    """At its first load a manifest of MAPPED_ROWS rows or more leaves an Arrow copy beside it (0600),
+    which later loads map without decoding (no Arrow memory allocated); a new manifest, a damaged
+    copy, a copy that cannot be written or one another process writes now: the Parquet file is
+    read and the answers stay the same."""
+    import fcntl
+    import logging
+
+    import datacache.manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "MAPPED_ROWS", 100)
+    dir_row = FileEntry("e/", "m", "bucket/e/", 0, 0.0, "")
+    m = chunked([entry(p) for p in PATHS] + [dir_row])
+    path = str(tmp_path / "manifest.parquet")
+    copy = path + ".arrow"
+    m.save(path)
+
+    def same(loaded: Manifest) -> None:
+        assert loaded.equals(m) and loaded.dir_rows.column("path").to_pylist() == ["e/"]
+        assert [loaded.lookup(p) for p in PATHS] == [m.lookup(p) for p in PATHS]
+        assert loaded.position("many/f0003") == sorted(PATHS).index("many/f0003")
+        assert loaded.listdir("") == m.listdir("") and loaded.listdir("e") == {}
+
+    same(Manifest.load(path))
+    assert os.stat(copy).st_mode & 0o777 == 0o600 and not os.path.exists(copy + ".tmp")
+    before = pa.total_allocated_bytes()
+    mapped = Manifest.load(path)
+    assert pa.total_allocated_bytes() - before < 4096  # views of the mapping, nothing decoded
+    same(mapped)
+
+    changed = m.with_entry(entry("a/c", "v2"), "a/c")
+    changed.save(path)  # a new manifest: the copy is stale
+    assert Manifest.load(path).lookup("a/c").version == "v2"
+    assert Manifest.load(path).equals(changed)  # from the copy written anew
+    m = changed
+
+    with open(copy, "r+b") as f:  # damaged: its footer
+        f.seek(-16, os.SEEK_END)
+        f.write(b"not an arrow end")
+    with caplog.at_level(logging.WARNING, logger="datacache.manifest"):
+        same(Manifest.load(path))
+    assert "not used" in caplog.text
+    before = pa.total_allocated_bytes()
+    same(Manifest.load(path))  # rewritten by the load before
+    assert pa.total_allocated_bytes() - before < 4096
+
+    os.unlink(copy)
+    fd = os.open(copy + ".tmp", os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process writes the copy now
+    try:
+        same(Manifest.load(path))
+        assert not os.path.exists(copy) and os.path.getsize(copy + ".tmp") == 0  # its file untouched
+    finally:
+        os.close(fd)
+    os.unlink(copy + ".tmp")
+    os.mkdir(copy + ".tmp")  # a copy that cannot be written
+    same(Manifest.load(path))
+    assert not os.path.exists(copy)
+
+    monkeypatch.setattr(manifest_module, "MAPPED_ROWS", 10 ** 9)  # a small manifest gets no copy
+    os.rmdir(copy + ".tmp")
+    same(Manifest.load(path))
+    assert not os.path.exists(copy)
