@@ -50,7 +50,8 @@ class FileReadAhead:
     the directory's size (a listing per read cost 2.3 ms a shuffled read in 1,000 directories of
     1,281 files, ImageNet's shape). A subdirectory's files sort among its parent's, so a scan
     steps over a subdirectory as over a jump. The window moves on once less than half of it is
-    left ahead of the reads, several files at a time, as the kernel's read-ahead does. Thread-safe."""
+    left ahead of the reads, several files at a time, as the kernel's read-ahead does; a read well
+    behind the window starts over (the next epoch's scan). Thread-safe."""
 
     def __init__(self, client, standby: Callable[[], bool] = lambda: False, ahead: int = AHEAD_FILES,
                  stride: int = STRIDE, confirm: int = CONFIRM):
@@ -81,6 +82,8 @@ class FileReadAhead:
                 self._scans.clear()
             last, steps, high = self._scans.pop(parent, (None, 0, 0))
             steps = steps + 1 if last is not None and 0 < row - last <= self.stride else 0
+            if row < high - 2 * self.ahead:  # well behind what was prepared: a new scan (the next epoch's)
+                high = 0
             start, end = max(row + 1, high), min(row + 1 + self.ahead, manifest.file_num)
             # not a scan (yet), or more than half of the window still ahead: nothing to prepare now
             prepare = steps >= self.confirm and high - row <= self.ahead // 2 and start < end

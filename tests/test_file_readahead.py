@@ -77,6 +77,22 @@ def test_a_scan_in_name_order_finds_the_next_files_cached(tmp_path, datacache_ho
         paths.close()
 
 
+def test_the_next_scan_of_a_directory_is_followed_again(tmp_path, datacache_home):
+    files = _dataset(tmp_path, datacache_home)
+    train = sorted(p for p in files if p.startswith("train/"))
+    paths = read_path(str(datacache_home))
+    client = paths.open_dataset("pics")
+    try:
+        ahead = next(r for r in client._readers if isinstance(r, FileReadAhead))
+        for epoch in (1, 2):  # the second epoch starts at the first file, far behind the window
+            for p in train:
+                assert _read(client, p) == files[p]
+            assert ahead.prefetched == epoch * (N - CONFIRM - 1)
+    finally:
+        client.close()
+        paths.close()
+
+
 def test_a_shuffled_order_prefetches_nothing(tmp_path, datacache_home):
     files = _dataset(tmp_path, datacache_home)
     val = sorted(p for p in files if p.startswith("val/"))
