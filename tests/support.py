@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
 from datacache.api.loader import load_resources
 from datacache.cache.disk import DiskTier
 from datacache.control.supervisor import wait_until
-from datacache.control.embedded import Embedded
+from datacache.control.embedded import Embedded, read_path
 
 
 def dataset_yaml(name: str, mounts: list[dict], levels: list[dict], block_size: str = "4Mi",
@@ -31,6 +32,19 @@ def apply_dataset(home, name: str, mounts: list[dict], levels: list[dict] | None
     plane = Embedded(str(home))
     plane.apply(load_resources(path))
     return plane
+
+
+@contextlib.contextmanager
+def opened_dataset(home, name: str):
+    """Yield a DatasetClient of dataset ``name`` through the embedded read path of ``home``;
+    closed (client, then read path) after."""
+    paths = read_path(str(home))
+    client = paths.open_dataset(name)
+    try:
+        yield client
+    finally:
+        client.close()
+        paths.close()
 
 
 def s3_mount(moto_server, bucket: str, prefix: str = "", name: str = "s3", path: str | None = None) -> dict:

@@ -11,9 +11,8 @@ import os
 import random
 import time
 
-from datacache.control.embedded import read_path
 from datacache.file_readahead import AHEAD_FILES, CONFIRM, FileReadAhead
-from support import apply_dataset
+from support import apply_dataset, opened_dataset
 
 N = 30
 
@@ -51,9 +50,7 @@ def _wait_cached(client, paths: list[str], timeout: float = 10.0) -> list[str]:
 def test_a_scan_in_name_order_finds_the_next_files_cached(tmp_path, datacache_home):
     files = _dataset(tmp_path, datacache_home)
     train = sorted(p for p in files if p.startswith("train/"))
-    paths = read_path(str(datacache_home))
-    client = paths.open_dataset("pics")
-    try:
+    with opened_dataset(datacache_home, "pics") as client:
         ahead = next(r for r in client._readers if isinstance(r, FileReadAhead))
         first = CONFIRM + 1  # files read before the scan is taken for one
         for p in train[:first - 1]:
@@ -72,25 +69,17 @@ def test_a_scan_in_name_order_finds_the_next_files_cached(tmp_path, datacache_ho
             assert _read(client, p) == files[p]
         assert ahead.prefetched == N - first  # every file after the first ones, once; none past the end
         assert _cached(client, [p for p in files if p.startswith("val/")]) == []  # another directory
-    finally:
-        client.close()
-        paths.close()
 
 
 def test_the_next_scan_of_a_directory_is_followed_again(tmp_path, datacache_home):
     files = _dataset(tmp_path, datacache_home)
     train = sorted(p for p in files if p.startswith("train/"))
-    paths = read_path(str(datacache_home))
-    client = paths.open_dataset("pics")
-    try:
+    with opened_dataset(datacache_home, "pics") as client:
         ahead = next(r for r in client._readers if isinstance(r, FileReadAhead))
         for epoch in (1, 2):  # the second epoch starts at the first file, far behind the window
             for p in train:
                 assert _read(client, p) == files[p]
             assert ahead.prefetched == epoch * (N - CONFIRM - 1)
-    finally:
-        client.close()
-        paths.close()
 
 
 def test_a_shuffled_order_prefetches_nothing(tmp_path, datacache_home):
@@ -105,18 +94,13 @@ def test_a_shuffled_order_prefetches_nothing(tmp_path, datacache_home):
     small = [0 < b - a <= 4 for a, b in zip(order, order[1:])]
     assert small.count(True) >= 5 and "1" * CONFIRM not in "".join(str(int(x)) for x in small)
     order = [val[i] for i in order]
-    paths = read_path(str(datacache_home))
-    client = paths.open_dataset("pics")
-    try:
+    with opened_dataset(datacache_home, "pics") as client:
         ahead = next(r for r in client._readers if isinstance(r, FileReadAhead))
         for p in order:
             assert _read(client, p) == files[p]
         time.sleep(0.3)
         assert ahead.prefetched == 0
         assert sorted(_cached(client, val)) == sorted(order)  # what was read, nothing else
-    finally:
-        client.close()
-        paths.close()
 
 
 def test_scans_of_many_directories_at_once_are_followed_without_listing_them(tmp_path, datacache_home):
@@ -132,9 +116,7 @@ def test_scans_of_many_directories_at_once_are_followed_without_listing_them(tmp
             files[f"d{d:02d}/{i}.bin"] = data
     apply_dataset(datacache_home, "many", [{"name": "src", "mountPoint": f"local://{tmp_path / 'src'}"}],
                   fuse={"scanWarmup": False}).close()
-    paths = read_path(str(datacache_home))
-    client = paths.open_dataset("many")
-    try:
+    with opened_dataset(datacache_home, "many") as client:
         ahead = next(r for r in client._readers if isinstance(r, FileReadAhead))
         for i in range(CONFIRM + 1):  # the CONFIRM-th step in each directory prepares its last 2 files
             for d in range(dirs):
@@ -148,9 +130,6 @@ def test_scans_of_many_directories_at_once_are_followed_without_listing_them(tmp
             assert hashlib.sha256(_read(client, p)).digest() == hashlib.sha256(files[p]).digest()
         assert client.source.hit_counts() == (hits0 + len(rest), misses0)
         assert client.namespace.manifest._dir_cache == {}  # no directory was listed to follow the scans
-    finally:
-        client.close()
-        paths.close()
 
 
 def test_a_scan_steps_over_a_subdirectory_and_prepares_only_its_own_files(tmp_path, datacache_home):
@@ -164,9 +143,7 @@ def test_a_scan_steps_over_a_subdirectory_and_prepares_only_its_own_files(tmp_pa
         files[f"top/{name}"] = data
     apply_dataset(datacache_home, "sub", [{"name": "src", "mountPoint": f"local://{src}"}],
                   fuse={"scanWarmup": False}).close()
-    paths = read_path(str(datacache_home))
-    client = paths.open_dataset("sub")
-    try:
+    with opened_dataset(datacache_home, "sub") as client:
         ahead = next(r for r in client._readers if isinstance(r, FileReadAhead))
         for p in ("top/a0", "top/a1", "top/a2", "top/a3"):  # the third step prepares the next 8 rows' own files
             assert _read(client, p) == files[p]
@@ -174,6 +151,3 @@ def test_a_scan_steps_over_a_subdirectory_and_prepares_only_its_own_files(tmp_pa
         assert _wait_cached(client, own) == own
         assert _cached(client, [f"top/b/{i}" for i in range(3)]) == []  # the subdirectory's files are not its
         assert ahead.prefetched == 3
-    finally:
-        client.close()
-        paths.close()
