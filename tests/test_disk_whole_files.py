@@ -228,3 +228,19 @@ def test_a_handed_out_file_truncated_behind_the_cache_is_not_handed_out_short(tm
         assert tier.get(f"{FILE}/0") == blocks[0]  # the first block is intact
     finally:
         tier.close()
+
+
+def test_the_files_remembered_as_handed_out_stay_bounded_and_each_is_still_handed_out_right(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk, "HANDED_KEPT", 3)
+    tier = DiskTier(str(tmp_path / "ssd"), 64 * BLOCK, block_size=BLOCK)
+    files = {f"ds/{n:032x}": os.urandom(BLOCK - n) for n in range(8)}
+    try:
+        for file, data in files.items():
+            _fill(tier, file, [data])
+        for _ in range(2):  # the second round finds some remembered, asks the index for the others
+            for file, data in files.items():
+                with open(tier.open_whole(file, len(data), 1), "rb") as f:
+                    assert _sha(f.read()) == _sha(data)
+                assert len(tier._handed) <= 3
+    finally:
+        tier.close()
