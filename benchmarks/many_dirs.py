@@ -3,6 +3,7 @@
 Run from the repository root, as root (it mounts)::
 
     python -m benchmarks.many_dirs [--dirs 200] [--files 500] [--size 4096] [--sample 20000] [--repeat 5]
+                                   [--scratch DIR]
 
 ImageNet's training set is 1,000 directories of ~1,300 JPEGs. Work that grows with a directory's
 size or with the tree's (a directory listing per read, a listing of the tree in every reading
@@ -113,10 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=4096, help="bytes per file (default 4096)")
     ap.add_argument("--sample", type=int, default=20000, help="files read per pass (default 20000)")
     ap.add_argument("--repeat", type=int, default=5, help="timed passes per system (default 5)")
+    ap.add_argument("--scratch", default=None, help="where the run's scratch directory goes (default: the temp dir)")
     args = ap.parse_args(argv)
     if min(args.dirs, args.files, args.size, args.sample, args.repeat) < 1:
         ap.error("--dirs, --files, --size, --sample and --repeat must be >= 1")
-    work = tempfile.mkdtemp(prefix="datacache-many-dirs-")
+    work = tempfile.mkdtemp(prefix="datacache-many-dirs-", dir=args.scratch)
     mounts = Mounts()
     try:
         t0 = time.monotonic()
