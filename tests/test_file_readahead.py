@@ -2,7 +2,8 @@
 gets the next ``AHEAD_FILES`` files filled from the UFS before it reads them (the reads are then
 cache hits, and the bytes right); a shuffled order, whose steps land on the next file now and then
 but not ``CONFIRM`` times in a row, or a jump, prefetches nothing; reaching the end of a directory
-goes no further."""
+goes no further; the next epoch's scan is followed again; 80 directories scanned side by side are
+all followed, none of them listed; a subdirectory's files are not prepared for its parent's scan."""
 
 from __future__ import annotations
 
