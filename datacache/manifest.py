@@ -27,11 +27,8 @@ directory that got a file, or lost its last one, is told by the file alone.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import errno
-import fcntl
 import fnmatch
-import logging
 import operator
 import os
 import random
@@ -46,8 +43,6 @@ import pyarrow.parquet as pq
 
 from datacache.entry import FileEntry
 from datacache.private import FILE_MODE
-
-log = logging.getLogger(__name__)
 
 __all__ = ["FileEntry", "Manifest", "ManifestDiff", "normalize", "diff_batches", "aligned_batches",
            "entries_table", "SCHEMA", "BATCH_ROWS"]
@@ -67,9 +62,6 @@ CHANGES = ("added", "changed", "deleted")
 BATCH_ROWS = 65536  # rows per Parquet row group and per batch held while streaming
 DIFF_LIMIT = 10000  # paths of each kind a ManifestDiff keeps in memory when its full list is on disk
 _DIR_CACHE_ENTRIES = 262144  # children held by the listdir LRU cache, all directories together
-MAPPED_ROWS = 100_000  # manifests of this many rows and more get a mapped copy (see Manifest.load)
-MAPPED_SUFFIX = ".arrow"
-_STAMP, _FILES = b"datacache.parquet", b"datacache.files"  # the mapped copy's tags: its source, its file rows
 _FEW_ROWS = 4  # ranges of rows up to this long are read element by element (see Manifest.rows)
 _FOUND_ENTRIES = 16384  # recent lookups kept (~5 MiB): a warm epoch's hits skip the binary search
 
@@ -204,11 +196,6 @@ def entries_table(entries: Iterable) -> pa.Table:
     return pa.table([list(col) for col in zip(*rows)] if rows else [[] for _ in SCHEMA.names], schema=SCHEMA)
 
 
-def _identity(st: os.stat_result) -> bytes:
-    """A file's identity for the tag of its mapped copy: device, inode, size, mtime (ns)."""
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode()
-
-
 def _private_file(path: str):
     """``path`` opened for binary writing, created (or truncated) with mode 0600 (case C10)."""
     return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb")
@@ -229,13 +216,11 @@ class Manifest:
     construction if it is not already. ``table``: the file rows only; ``dir_rows``: the rows of
     directories with nothing listed below them (paths end in '/')."""
 
-    def __init__(self, table: pa.Table, dir_rows: pa.Table | None = None):
-        if dir_rows is None:
-            table = table.select(SCHEMA.names)
-            if not _is_sorted(table.column("path")):
-                table = table.sort_by("path")
-            table, dir_rows = _split_dirs(table)
-        # else: ``table`` and ``dir_rows`` are the file and directory rows of SCHEMA, sorted (a mapped load)
+    def __init__(self, table: pa.Table):
+        table = table.select(SCHEMA.names)
+        if not _is_sorted(table.column("path")):
+            table = table.sort_by("path")
+        table, dir_rows = _split_dirs(table)
         self.table = table
         self._set_dirs(dir_rows)
         # Binary search index: per record batch (every column cut at the same rows), its path
@@ -250,7 +235,7 @@ class Manifest:
         self._dir_cache: OrderedDict[str, dict] = OrderedDict()
         self._dir_cache_size = 0
         self._dir_lock = threading.Lock()
-        self._found: dict[str, tuple[FileEntry, int]] = {}  # cleared when full: O(1), no recency to keep
+        self._found: dict[str, FileEntry] = {}  # cleared when full: O(1), no recency to keep
 
     def _set_dirs(self, dir_rows: pa.Table) -> None:
         """Take ``dir_rows`` (sorted, SCHEMA) as the directory rows."""
@@ -266,77 +251,9 @@ class Manifest:
     def load(cls, path: str) -> "Manifest":
         """Read a manifest file (Parquet, columns of SCHEMA). Raises OSError.
         A file of this SCHEMA is read as it is: ``pq.read_table`` imports ``pyarrow.dataset``,
-        ~15 ms of every command's start; an older one is fitted to SCHEMA by it.
-
-        A manifest of at least :data:`MAPPED_ROWS` rows is also written, at its first load, beside
-        the file as an uncompressed Arrow IPC file (``PATH.arrow``, mode 0600, tagged with the
-        Parquet file's inode, size and mtime), which later loads map instead of decoding: every
-        process reading the dataset (each DataLoader worker) then shares one copy in the page
-        cache. ImageNet's 1.28 million files: 0.4 s and ~370 MiB of private memory decoded, against
-        milliseconds and none mapped (2026-12-06). A stale or unreadable Arrow file is ignored and
-        written anew; one that cannot be written (a read-only home, a full device) is left out."""
-        source = pa.memory_map(path)
-        stamp = _identity(os.fstat(source.fileno()))
-        mapped = cls._load_mapped(path + MAPPED_SUFFIX, stamp)
-        if mapped is not None:
-            return mapped
-        table = pq.ParquetFile(source).read()
-        if not table.schema.equals(SCHEMA):
-            return cls(pq.read_table(path, schema=SCHEMA, memory_map=True))
-        manifest = cls(table)
-        if manifest.file_num + manifest.dir_rows.num_rows >= MAPPED_ROWS:
-            manifest._write_mapped(path + MAPPED_SUFFIX, stamp)
-        return manifest
-
-    @classmethod
-    def _load_mapped(cls, path: str, stamp: bytes) -> "Manifest | None":
-        """The manifest of the Arrow file at ``path`` when it is tagged ``stamp``, else None."""
-        try:
-            reader = pa.ipc.open_file(pa.memory_map(path))
-        except FileNotFoundError:
-            return None
-        except (OSError, pa.ArrowInvalid) as err:  # damaged: the Parquet file is read and this rewritten
-            log.warning("manifest copy %s not used: %s", path, err)
-            return None
-        meta = reader.schema.metadata or {}
-        if meta.get(_STAMP) != stamp or not reader.schema.remove_metadata().equals(SCHEMA):
-            return None
-        table = reader.read_all().replace_schema_metadata(None)  # no copy: views of the mapping
-        files = int(meta[_FILES])
-        return cls(table.slice(0, files), table.slice(files))
-
-    def _write_mapped(self, path: str, stamp: bytes) -> None:
-        """Write the file and directory rows as the Arrow file at ``path``, tagged ``stamp``
-        (temp file + rename, mode 0600). One process writes at a time (``flock`` on the temp
-        file: DataLoader workers start together; the others go on without); an OSError leaves
-        the copy out."""
-        rows = pa.concat_tables([self.table, self.dir_rows]).replace_schema_metadata(
-            {_STAMP: stamp, _FILES: str(self.file_num).encode()})
-        tmp = f"{path}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-        except OSError as err:
-            log.info("manifest copy %s not written (each load decodes the manifest): %s", path, err)
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # the name may have been renamed to ``path`` by the holder before: never truncate that
-            if not os.path.samestat(os.fstat(fd), os.stat(tmp)):
-                return
-            os.ftruncate(fd, 0)
-            with open(fd, "wb", closefd=False) as f, pa.ipc.new_file(f, rows.schema) as writer:
-                writer.write_table(rows, max_chunksize=BATCH_ROWS)
-            os.fsync(fd)  # on the device before its name is: a power loss leaves no copy with holes
-            os.replace(tmp, path)
-        except BlockingIOError:  # another process writes it now
-            pass
-        except OSError as err:  # FileNotFoundError: renamed by the holder before
-            if not isinstance(err, FileNotFoundError):
-                log.info("manifest copy %s not written (each load decodes the manifest): %s", path, err)
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-        finally:
-            os.close(fd)
+        ~15 ms of every command's start; an older one is fitted to SCHEMA by it."""
+        table = pq.ParquetFile(path, memory_map=True).read()
+        return cls(table if table.schema.equals(SCHEMA) else pq.read_table(path, schema=SCHEMA, memory_map=True))
 
     def save(self, path: str) -> None:
         """Write atomically (temp file + rename), mode 0600; directory rows sorted among the files."""
