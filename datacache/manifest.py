@@ -64,6 +64,7 @@ DIFF_LIMIT = 10000  # paths of each kind a ManifestDiff keeps in memory when its
 _DIR_CACHE_ENTRIES = 262144  # children held by the listdir LRU cache, all directories together
 _FEW_ROWS = 2  # ranges of rows up to this long are read element by element (see Manifest.rows)
 _FOUND_ENTRIES = 16384  # recent lookups kept (~5 MiB): a warm epoch's hits skip the binary search
+_WHOLE_AFTER = 16  # a manifest of up to _FOUND_ENTRIES files is decoded whole after file_num / this searches
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,9 @@ class Manifest:
         self._dir_cache: OrderedDict[str, dict] = OrderedDict()
         self._dir_cache_size = 0
         self._dir_lock = threading.Lock()
-        self._found: dict[str, FileEntry] = {}  # cleared when full: O(1), no recency to keep
+        self._found: dict[str, tuple[FileEntry, int]] = {}  # cleared when full: O(1), no recency to keep
+        self._searches = 0  # binary searches made (see _find)
+        self._whole: dict[str, tuple[FileEntry, int]] | None = None  # every file's, once decoded (_found_whole)
 
     def _set_dirs(self, dir_rows: pa.Table) -> None:
         """Take ``dir_rows`` (sorted, SCHEMA) as the directory rows."""
@@ -342,14 +345,29 @@ class Manifest:
 
     def _find(self, key: str) -> tuple[FileEntry, int] | None:
         """``(entry, row)`` of the file at normalised ``key``, or None."""
+        whole = self._whole
+        if whole is not None:
+            return whole.get(key)
         found = self._found.get(key)
         if found is None:
+            self._searches += 1
+            if self.file_num <= _FOUND_ENTRIES and self._searches * _WHOLE_AFTER >= self.file_num:
+                return self._found_whole().get(key)
             found = self._search(key)
             if found is not None:
                 if len(self._found) >= _FOUND_ENTRIES:
                     self._found.clear()
                 self._found[key] = found
         return found
+
+    def _found_whole(self) -> dict[str, tuple[FileEntry, int]]:
+        """Every file's ``(entry, row)`` by path, kept as the look-ups from now on: a reader that has
+        searched for 1/16 of a small manifest's files is likely to open the rest (one worker of a
+        DataLoader, one epoch), and decoding a row costs ~1.5 us against ~9 us a search (1,500
+        rows: 2 ms; 16,384: 30 ms, 2026-12-06)."""
+        whole = {entry.path: (entry, row) for row, entry in enumerate(_entries(self.table))}
+        self._whole, self._found = whole, {}
+        return whole
 
     def _search(self, key: str) -> tuple[FileEntry, int] | None:
         c = bisect.bisect_left(self._lasts, key)

@@ -244,3 +244,52 @@ def test_the_files_remembered_as_handed_out_stay_bounded_and_each_is_still_hande
                 assert len(tier._handed) <= 3
     finally:
         tier.close()
+
+
+def test_a_process_learns_this_boots_hand_outs_at_once_and_opens_them_with_no_query(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk, "LEARN_HANDED_AFTER", 2)
+    directory = str(tmp_path / "ssd")
+    files = {f"ds/{n:032x}": os.urandom(BLOCK - n) for n in range(6)}
+    tier, other = DiskTier(directory, 64 * BLOCK, block_size=BLOCK), DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    try:
+        for file, data in files.items():
+            _fill(tier, file, [data])
+            os.close(tier.open_whole(file, len(data), 1))  # checked and marked handed out, with what it saw
+        counting = other._ro = _CountingQueries(other._ro)
+        for file, data in files.items():  # another process: asks for the first, learns them all at the second
+            with open(other.open_whole(file, len(data), 1), "rb") as f:
+                assert _sha(f.read()) == _sha(data)
+        assert len(counting.statements) == 2 and "handed IS NOT NULL" in counting.statements[1]
+        # One is evicted (whole) and stored anew under another name: the learnt name is gone, asked again.
+        first, data = next(iter(files.items()))
+        tier.discard(f"{first}/0")
+        _fill(tier, first, [data])
+        with open(other.open_whole(first, len(data), 1), "rb") as f:
+            assert _sha(f.read()) == _sha(data)
+        assert len(counting.statements) == 3
+    finally:
+        tier.close()
+        other.close()
+
+
+def test_an_index_made_before_the_handed_column_gets_it_and_its_hand_outs_are_asked_for(tmp_path, monkeypatch):
+    import sqlite3
+
+    monkeypatch.setattr(disk, "LEARN_HANDED_AFTER", 1)
+    directory = str(tmp_path / "ssd")
+    data = os.urandom(BLOCK)
+    tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    _fill(tier, FILE, [data])
+    os.close(tier.open_whole(FILE, BLOCK, 1))
+    tier.close()
+    with sqlite3.connect(os.path.join(directory, disk.INDEX)) as db:  # the layout before the column
+        db.execute("ALTER TABLE files DROP COLUMN handed")
+    tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    try:
+        assert tier.healthy
+        with sqlite3.connect(os.path.join(directory, disk.INDEX)) as db:
+            assert [row[1] for row in db.execute("PRAGMA table_info(files)")][-1] == "handed"
+        with open(tier.open_whole(FILE, BLOCK, 1), "rb") as f:  # marked in this boot, no identity: asked for
+            assert _sha(f.read()) == _sha(data)
+    finally:
+        tier.close()

@@ -10,7 +10,9 @@ Layout (issue 17 item 4):
   passes it through to the kernel and ``datacache://`` opens it as a plain file
   (:meth:`DiskTier.open_whole`), with no second copy.
 - ``index.db``: SQLite (WAL), one row per file (token, stride, ``exposed``: handed out whole, and
-  checked in the boot whose :func:`boot_mark` it holds) and
+  checked in the boot whose :func:`boot_mark` it holds; ``handed``: ``size:inode:ctime_ns`` of the
+  cache file that check saw, so other processes open it with no query, see
+  :meth:`DiskTier._learn_handed`) and
   one row per block (size, xxh3-64 checksum, last access). Rows per block, not a bitmap per file:
   eviction is least recently used per block (a file larger than the quota, case C1, keeps its
   recent blocks), a store is one INSERT (a bitmap would be read, edited and rewritten under the
@@ -99,6 +101,7 @@ ORPHAN_GRACE_S = 600.0  # an unindexed cache file older than this is a crash's l
 ACCESS_FLUSH_S = 1.0  # seconds between two writes of the blocks' access times to the index
 ACCESS_GRANULARITY_S = 30.0  # seconds: a block's access time is rewritten at most so often between evictions
 HANDED_KEPT = 65536  # files handed out whole whose cache file name is remembered (~23 MiB; ImageNet has 1.28M)
+LEARN_HANDED_AFTER = 32  # open_whole queries after which a process reads all of this boot's hand-outs at once
 WRITTEN_KEPT = 65536  # blocks whose last written access time is remembered (~9 MiB)
 ROWS_KEPT = 16384  # index rows of recent hits kept in memory: a hit without a SELECT
 BLOCK_SIZE = 4 << 20  # default block size (bytes): the stride of a file's blocks
@@ -125,7 +128,7 @@ _INDEX_FILES = (INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal")
 _OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the block-file layout's diskcache index
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files (file TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, "
-    "stride INTEGER NOT NULL, exposed INTEGER NOT NULL DEFAULT 0)",
+    "stride INTEGER NOT NULL, exposed INTEGER NOT NULL DEFAULT 0, handed TEXT)",
     "CREATE TABLE IF NOT EXISTS blocks (file TEXT NOT NULL, idx INTEGER NOT NULL, size INTEGER NOT NULL, "
     "digest TEXT NOT NULL, atime REAL NOT NULL, PRIMARY KEY (file, idx)) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS blocks_atime ON blocks (atime)",
@@ -275,6 +278,7 @@ class DiskTier:
         self._db = self._ro = None  # index connections (writes; per-thread lookups); None while unusable
         self._rows: dict[str, tuple[str, int, int, str]] = {}  # key -> :meth:`_row` of a recent hit
         self._handed: dict[str, tuple[str, int, int, int]] = {}  # file -> (name, size, inode, ctime) open_whole checked
+        self._handed_queries = 0  # open_whole queries of files not in _handed (see LEARN_HANDED_AFTER)
         self._open_files = OpenFiles()  # small cache files kept open between block reads
         self.evictions = 0
         self.corrupt = 0
@@ -385,6 +389,7 @@ class DiskTier:
             db.execute("PRAGMA journal_size_limit=1048576")
             for statement in _SCHEMA:
                 db.execute(statement)
+            _add_handed(db)
             for name in _INDEX_FILES:
                 with contextlib.suppress(FileNotFoundError):
                     os.chmod(os.path.join(self.path, name), private.FILE_MODE)
@@ -648,6 +653,11 @@ class DiskTier:
         if self._ro is None or blocks <= 0:
             return None
         handed = self._handed.get(file)
+        if handed is None:
+            self._handed_queries += 1
+            if self._handed_queries == LEARN_HANDED_AFTER:
+                self._learn_handed()
+                handed = self._handed.get(file)
         if handed is not None and handed[1] == size:  # complete until unlinked whole: no query
             fd = self._reopen(file, handed)
             if fd is not None:
@@ -675,9 +685,9 @@ class DiskTier:
             if not marked:
                 with self._exclusive():
                     marked = self._db.execute(
-                        "UPDATE files SET exposed = ? WHERE file = ? AND name = ? AND "
+                        "UPDATE files SET exposed = ?, handed = ? WHERE file = ? AND name = ? AND "
                         "(SELECT COUNT(*) FROM blocks WHERE file = ? AND digest != '') = ?",
-                        (boot, file, name, file, blocks)).rowcount
+                        (boot, f"{size}:{st.st_ino}:{st.st_ctime_ns}", file, name, file, blocks)).rowcount
         except sqlite3.Error as err:  # a full device cannot record the mark: read through the blocks
             os.close(fd)
             self._mark_unhealthy(err)
@@ -693,6 +703,22 @@ class DiskTier:
         self._handed[file] = (name, size, st.st_ino, st.st_ctime_ns)
         self._note_accesses(file, blocks)
         return fd
+
+    def _learn_handed(self) -> None:
+        """Remember the files that any process checked and handed out whole in this boot (at most
+        :data:`HANDED_KEPT` in all), with the size, inode and change time its check saw (the index's
+        ``handed``): their first open here is then an ``open`` checked by :meth:`_reopen`, as
+        a later one is, not a query of the index (~7 us of a DataLoader worker's first open of a
+        small file, 2026-12-06). A process does this once, after :data:`LEARN_HANDED_AFTER`
+        queries, so a command that opens a few files does not read the whole index."""
+        rows = self._ro.execute("SELECT file, name, handed FROM files WHERE exposed = ? AND handed IS NOT NULL "
+                                "LIMIT ?", (boot_mark(), max(HANDED_KEPT - len(self._handed), 0))).fetchall()
+        for file, name, handed in rows:
+            try:
+                size, inode, changed = map(int, handed.split(":"))
+            except ValueError:  # not written by open_whole: that file is asked for when opened
+                continue
+            self._handed.setdefault(file, (name, size, inode, changed))
 
     def _reopen(self, file: str, handed: tuple[str, int, int, int]) -> int | None:
         """A descriptor of the cache file :meth:`open_whole` checked and handed out before
@@ -1240,6 +1266,20 @@ class _Readers:
             for con in self._all:
                 con.close()
             self._all.clear()
+
+
+def _add_handed(db: sqlite3.Connection) -> None:
+    """Add the ``handed`` column to an index made before it (NULL: the hand-out is asked for at
+    its first open, see :meth:`DiskTier._learn_handed`). Raises ``sqlite3.Error`` when it cannot."""
+    def has_it() -> bool:
+        return any(row[1] == "handed" for row in db.execute("PRAGMA table_info(files)"))
+    if has_it():
+        return
+    try:
+        db.execute("ALTER TABLE files ADD COLUMN handed TEXT")
+    except sqlite3.OperationalError:
+        if not has_it():  # another process's tier added it meanwhile: fine
+            raise
 
 
 def _close(db: sqlite3.Connection, ro: _Readers, lock_fd: int) -> None:

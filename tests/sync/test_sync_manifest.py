@@ -101,7 +101,24 @@ def test_repeated_lookups_answer_the_same_and_stay_bounded(monkeypatch):
         for p in PATHS:
             assert m.lookup(p) == entry(p) and len(m._found) <= 8
         assert m.lookup("nope") is None and m.lookup("a/b") is None  # misses and directories: never kept
-    assert len(PATHS) > 8 and "nope" not in m._found
+    assert len(PATHS) > 8 and "nope" not in m._found and m._whole is None  # too large to decode whole
+
+
+def test_a_small_manifest_is_decoded_whole_once_a_sixteenth_of_it_was_searched_and_answers_the_same(monkeypatch):
+    import datacache.manifest as manifest_module
+
+    asked = PATHS + ["nope", "a/b", "a/b/c", "many", "many/f0300", "", "a-"]
+    monkeypatch.setattr(manifest_module, "_WHOLE_AFTER", 0)  # after file_num / 0 searches: never, every miss searched
+    searched = chunked([entry(p) for p in PATHS])
+    reference = [(searched.lookup(p), searched.position(p)) for p in asked]
+    assert searched._whole is None and reference[0][0] == entry(PATHS[0])
+    monkeypatch.setattr(manifest_module, "_WHOLE_AFTER", 16)
+    m = chunked([entry(p) for p in PATHS])
+    firsts = -(-len(PATHS) // 16)  # searches before it is decoded whole
+    assert [(m.lookup(p), m.position(p)) for p in PATHS[:firsts - 1]] == reference[:firsts - 1]
+    assert m._whole is None
+    assert [(m.lookup(p), m.position(p)) for p in asked] == reference
+    assert len(m._whole) == len(PATHS) and m._found == {}
 
 
 def test_listdir_of_a_directory_of_100000_entries_is_complete_and_cached():
