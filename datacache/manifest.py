@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from datacache.entry import FileEntry
+from datacache.manifest_copy import digest, read_copy, remove_copy, write_copy
 from datacache.private import FILE_MODE
 
 __all__ = ["FileEntry", "Manifest", "ManifestDiff", "normalize", "diff_batches", "aligned_batches",
@@ -62,6 +63,8 @@ CHANGES = ("added", "changed", "deleted")
 BATCH_ROWS = 65536  # rows per Parquet row group and per batch held while streaming
 DIFF_LIMIT = 10000  # paths of each kind a ManifestDiff keeps in memory when its full list is on disk
 _DIR_CACHE_ENTRIES = 262144  # children held by the listdir LRU cache, all directories together
+MAPPED_ROWS = 100_000  # manifests of this many rows and more get a mapped copy (see Manifest.load)
+MAPPED_SUFFIX = ".arrow"
 _FEW_ROWS = 2  # ranges of rows up to this long are read element by element (see Manifest.rows)
 _FOUND_ENTRIES = 16384  # recent lookups kept (~5 MiB): a warm epoch's hits skip the binary search
 _WHOLE_AFTER = 16  # a manifest of up to _FOUND_ENTRIES files is decoded whole after file_num / this searches
@@ -217,11 +220,13 @@ class Manifest:
     construction if it is not already. ``table``: the file rows only; ``dir_rows``: the rows of
     directories with nothing listed below them (paths end in '/')."""
 
-    def __init__(self, table: pa.Table):
-        table = table.select(SCHEMA.names)
-        if not _is_sorted(table.column("path")):
-            table = table.sort_by("path")
-        table, dir_rows = _split_dirs(table)
+    def __init__(self, table: pa.Table, dir_rows: pa.Table | None = None):
+        if dir_rows is None:
+            table = table.select(SCHEMA.names)
+            if not _is_sorted(table.column("path")):
+                table = table.sort_by("path")
+            table, dir_rows = _split_dirs(table)
+        # else: ``table`` and ``dir_rows`` are the file and directory rows of SCHEMA, sorted (a mapped copy)
         self.table = table
         self._set_dirs(dir_rows)
         # Binary search index: per record batch (every column cut at the same rows), its path
@@ -254,9 +259,30 @@ class Manifest:
     def load(cls, path: str) -> "Manifest":
         """Read a manifest file (Parquet, columns of SCHEMA). Raises OSError.
         A file of this SCHEMA is read as it is: ``pq.read_table`` imports ``pyarrow.dataset``,
-        ~15 ms of every command's start; an older one is fitted to SCHEMA by it."""
-        table = pq.ParquetFile(path, memory_map=True).read()
-        return cls(table if table.schema.equals(SCHEMA) else pq.read_table(path, schema=SCHEMA, memory_map=True))
+        ~15 ms of every command's start; an older one is fitted to SCHEMA by it.
+
+        A manifest of at least :data:`MAPPED_ROWS` rows is also written, at its first load, beside
+        the file as a copy that later loads map instead of decoding (``PATH.arrow``, mode 0600, see
+        :mod:`datacache.manifest_copy`): every process reading the dataset then shares one copy in
+        the page cache. A copy made from other bytes, or damaged, is not used and is written anew;
+        one that cannot be written (a read-only home, a full device) is left out; a smaller
+        manifest's load deletes a copy left from a larger one."""
+        data = pa.memory_map(path).read_buffer()
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        if not parquet.schema_arrow.equals(SCHEMA):
+            return cls(pq.read_table(path, schema=SCHEMA, memory_map=True))
+        copy = path + MAPPED_SUFFIX
+        if parquet.metadata.num_rows < MAPPED_ROWS:
+            remove_copy(copy)
+            return cls(parquet.read())
+        source = digest(data)
+        mapped = read_copy(copy, source, SCHEMA)
+        if mapped is not None:
+            rows, files = mapped
+            return cls(rows.slice(0, files), rows.slice(files))
+        manifest = cls(parquet.read())
+        write_copy(copy, pa.concat_tables([manifest.table, manifest.dir_rows]), manifest.file_num, source, BATCH_ROWS)
+        return manifest
 
     def save(self, path: str) -> None:
         """Write atomically (temp file + rename), mode 0600; directory rows sorted among the files."""

@@ -226,3 +226,108 @@ def test_directory_rows_survive_save_and_a_refresh_splice(tmp_path):
     assert loaded.diff(spliced) == ManifestDiff(["e/new.txt"], [], [])  # the directory was there already
     gone = loaded.with_entry(None, "a")
     assert gone.dir_rows.equals(loaded.dir_rows) and gone.lookup("a") is None
+
+
+@pytest.fixture
+def mapped(tmp_path, monkeypatch):
+    """A manifest of PATHS and one directory row, saved where loads of 100 rows and more get a
+    mapped copy: ``(manifest, its path, the copy's path)``."""
+    import datacache.manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "MAPPED_ROWS", 100)
+    m = chunked([entry(p) for p in PATHS] + [FileEntry("e/", "m", "bucket/e/", 0, 0.0, "")])
+    path = str(tmp_path / "manifest.parquet")
+    m.save(path)
+    return m, path, path + manifest_module.MAPPED_SUFFIX
+
+
+def same(loaded: Manifest, m: Manifest) -> None:
+    assert loaded.equals(m) and loaded.dir_rows.column("path").to_pylist() == ["e/"]
+    assert [loaded.lookup(p) for p in PATHS] == [m.lookup(p) for p in PATHS]
+    assert loaded.position("many/f0003") == sorted(PATHS).index("many/f0003")
+    assert loaded.listdir("") == m.listdir("") and loaded.listdir("e") == {}
+
+
+def test_a_large_manifest_is_mapped_from_its_copy_by_later_loads(mapped, caplog):
+    """The first load leaves the copy (0600); later loads map it (no Arrow memory allocated). A new
+    manifest of the same size and inode, saved in the same clock tick, is not served by the copy of
+    the old one (its tag is the Parquet bytes' checksum, not the file's identity)."""
+    m, path, copy = mapped
+    same(Manifest.load(path), m)
+    assert os.stat(copy).st_mode & 0o777 == 0o600 and not os.path.exists(copy + ".tmp")
+    before = pa.total_allocated_bytes()
+    same(Manifest.load(path), m)
+    assert pa.total_allocated_bytes() - before < 4096  # views of the mapping, nothing decoded
+    st = os.stat(path)
+    for size in sorted({len(p) * 7 for p in PATHS} - {len("a/c") * 7}):  # another manifest, its file as large
+        changed = m.with_entry(FileEntry("a/c", "m", "bucket/a/c", size, 1.5, "v1"), "a/c")
+        if os.path.getsize(_saved(changed, path + ".new")) == st.st_size:
+            break
+    with open(path, "r+b") as f:  # rewritten in place: the same inode; the times put back
+        f.write(open(path + ".new", "rb").read())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = os.stat(path)
+    assert (now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    assert Manifest.load(path).lookup("a/c").size == size
+    assert Manifest.load(path).equals(changed)  # from the copy written anew
+    assert "not used" not in caplog.text  # a stale copy is no damage
+
+
+def _saved(m: Manifest, path: str) -> str:
+    m.save(path)
+    return path
+
+
+@pytest.mark.parametrize("damage", ["footer", "row", "files", "trailer", "empty"])
+def test_a_damaged_copy_is_not_used_and_is_written_anew(mapped, caplog, damage):
+    """Any damage (its Arrow footer, a path inside its rows changed to another valid one, its count
+    of file rows, its trailer, an empty file): the load reads the Parquet file, answers the same,
+    and writes the copy anew."""
+    import logging
+
+    m, path, copy = mapped
+    Manifest.load(path)
+    data = bytearray(open(copy, "rb").read())
+    if damage == "footer":
+        data[-48 - 16:-48] = b"not an arrow end"
+    elif damage == "row":  # 'many/f0001' -> 'many/f0009': still sorted, still UTF-8, another file
+        at = data.index(b"many/f0001")
+        data[at + 9:at + 10] = b"9"
+    elif damage == "files":
+        data[-48 + 16:-48 + 24] = (10 ** 6).to_bytes(8, "little")
+    elif damage == "trailer":
+        data[-8:] = b"XXXXXXXX"
+    else:
+        data = bytearray()
+    open(copy, "wb").write(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="datacache.manifest_copy"):
+        same(Manifest.load(path), m)
+    assert "not used" in caplog.text
+    before = pa.total_allocated_bytes()
+    same(Manifest.load(path), m)  # from the copy written anew by the load before
+    assert pa.total_allocated_bytes() - before < 4096
+
+
+def test_a_copy_being_written_or_that_cannot_be_written_leaves_loads_on_the_parquet_file(mapped, monkeypatch):
+    import fcntl
+
+    import datacache.manifest as manifest_module
+
+    m, path, copy = mapped
+    fd = os.open(copy + ".tmp", os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process writes the copy now
+    try:
+        same(Manifest.load(path), m)
+        assert not os.path.exists(copy) and os.path.getsize(copy + ".tmp") == 0  # its file untouched
+    finally:
+        os.close(fd)
+    os.unlink(copy + ".tmp")
+    os.mkdir(copy + ".tmp")  # a copy that cannot be written
+    same(Manifest.load(path), m)
+    assert not os.path.exists(copy)
+    os.rmdir(copy + ".tmp")
+    same(Manifest.load(path), m)
+    assert os.path.exists(copy)
+    monkeypatch.setattr(manifest_module, "MAPPED_ROWS", 10 ** 9)  # the manifest shrank below the size
+    same(Manifest.load(path), m)
+    assert not os.path.exists(copy)  # its old copy deleted
