@@ -293,3 +293,26 @@ def test_an_index_made_before_the_handed_column_gets_it_and_its_hand_outs_are_as
             assert _sha(f.read()) == _sha(data)
     finally:
         tier.close()
+
+
+def test_a_process_whose_first_queries_found_little_handed_out_learns_again_as_its_queries_double(tmp_path, monkeypatch):
+    """A DataLoader worker's first epoch is cold: its first learning finds nothing handed out yet.
+    What that epoch cached is learnt when its queries have doubled."""
+    monkeypatch.setattr(disk, "LEARN_HANDED_AFTER", 2)
+    directory = str(tmp_path / "ssd")
+    files = {f"ds/{n:032x}": os.urandom(BLOCK - n) for n in range(6)}
+    tier, other = DiskTier(directory, 64 * BLOCK, block_size=BLOCK), DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    try:
+        for file, data in list(files.items())[:2]:  # cold: nothing stored yet
+            assert other.open_whole(file, len(data), 1) is None
+        for file, data in files.items():
+            _fill(tier, file, [data])
+            os.close(tier.open_whole(file, len(data), 1))
+        counting = other._ro = _CountingQueries(other._ro)
+        for file, data in files.items():  # the 3rd query asks for one, the 4th learns them all
+            with open(other.open_whole(file, len(data), 1), "rb") as f:
+                assert _sha(f.read()) == _sha(data)
+        assert len(counting.statements) == 2 and "handed IS NOT NULL" in counting.statements[1]
+    finally:
+        tier.close()
+        other.close()

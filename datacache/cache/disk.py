@@ -101,7 +101,7 @@ ORPHAN_GRACE_S = 600.0  # an unindexed cache file older than this is a crash's l
 ACCESS_FLUSH_S = 1.0  # seconds between two writes of the blocks' access times to the index
 ACCESS_GRANULARITY_S = 30.0  # seconds: a block's access time is rewritten at most so often between evictions
 HANDED_KEPT = 65536  # files handed out whole whose cache file name is remembered (~23 MiB; ImageNet has 1.28M)
-LEARN_HANDED_AFTER = 32  # open_whole queries after which a process reads all of this boot's hand-outs at once
+LEARN_HANDED_AFTER = 32  # a power of 2: open_whole queries after which (and twice as many...) a process learns hand-outs
 WRITTEN_KEPT = 65536  # blocks whose last written access time is remembered (~9 MiB)
 ROWS_KEPT = 16384  # index rows of recent hits kept in memory: a hit without a SELECT
 BLOCK_SIZE = 4 << 20  # default block size (bytes): the stride of a file's blocks
@@ -655,7 +655,8 @@ class DiskTier:
         handed = self._handed.get(file)
         if handed is None:
             self._handed_queries += 1
-            if self._handed_queries == LEARN_HANDED_AFTER:
+            queries = self._handed_queries
+            if queries >= LEARN_HANDED_AFTER and queries & (queries - 1) == 0:  # 32, 64, 128, ... (a power of 2)
                 self._learn_handed()
                 handed = self._handed.get(file)
         if handed is not None and handed[1] == size:  # complete until unlinked whole: no query
@@ -709,8 +710,10 @@ class DiskTier:
         :data:`HANDED_KEPT` in all), with the size, inode and change time its check saw (the index's
         ``handed``): their first open here is then an ``open`` checked by :meth:`_reopen`, as
         a later one is, not a query of the index (~7 us of a DataLoader worker's first open of a
-        small file, 2026-12-06). A process does this once, after :data:`LEARN_HANDED_AFTER`
-        queries, so a command that opens a few files does not read the whole index."""
+        small file, 2026-12-06). A process does this after :data:`LEARN_HANDED_AFTER` queries, so
+        a command that opens a few files does not read the whole index, and again each time its
+        queries double: a worker whose first epoch was cold (little handed out yet) learns what
+        that epoch cached, and the scans cost O(log queries)."""
         rows = self._ro.execute("SELECT file, name, handed FROM files WHERE exposed = ? AND handed IS NOT NULL "
                                 "LIMIT ?", (boot_mark(), max(HANDED_KEPT - len(self._handed), 0))).fetchall()
         for file, name, handed in rows:
