@@ -718,7 +718,7 @@ class DiskTier:
                                 "LIMIT ?", (boot_mark(), max(HANDED_KEPT - len(self._handed), 0))).fetchall()
         for file, name, handed in rows:
             try:
-                size, inode, changed = map(int, handed.split(":"))
+                size, inode, changed = map(int, str(handed).split(":"))
             except ValueError:  # not written by open_whole: that file is asked for when opened
                 continue
             self._handed.setdefault(file, (name, size, inode, changed))
