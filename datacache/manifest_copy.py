@@ -17,6 +17,7 @@ Hashing both at load costs ~25 ms for ImageNet's (xxh3 at memory speed), against
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -90,7 +91,9 @@ def write_copy(path: str, rows: pa.Table, files: int, source: bytes, chunk_rows:
             writer.write_table(rows, max_chunksize=chunk_rows)
         checksum = xxhash.xxh3_128(memoryview(pa.memory_map(tmp).read_buffer()))
         checksum.update(source + struct.pack("<Q", files))  # the trailer's bytes before the checksum
-        os.pwrite(fd, _TRAILER.pack(source, files, checksum.digest(), _MAGIC), os.fstat(fd).st_size)
+        trailer = _TRAILER.pack(source, files, checksum.digest(), _MAGIC)
+        if os.pwrite(fd, trailer, os.fstat(fd).st_size) != len(trailer):  # a file size limit met
+            raise OSError(errno.EFBIG, "the trailer was written short")
         os.fsync(fd)  # on the device before its name is: a power loss leaves no copy with holes
         os.replace(tmp, path)
     except BlockingIOError:  # another process writes it now

@@ -5,6 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import subprocess
+
+import pytest
 
 from datacache.api.loader import load_resources
 from datacache.cache.disk import DiskTier
@@ -89,3 +93,21 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval
     value = wait_until(predicate, timeout, interval)
     assert value, f"timed out after {timeout:g} s waiting for {what}"
     return value
+
+
+def loop_mounted(tmp_path, mkfs: list[str], size: int, name: str):
+    """Yield a fresh file system made by ``mkfs + [image]`` on a ``size``-byte image, mounted on a
+    loop device at ``tmp_path/name``; unmounted after. Skips (with the reason) without root, the
+    ``mkfs`` tool or a loop device."""
+    if os.geteuid() != 0 or shutil.which(mkfs[0]) is None:
+        pytest.skip(f"needs root and {mkfs[0]} (make system installs it)")
+    image, where = tmp_path / f"{name}.img", tmp_path / name
+    with open(image, "wb") as f:
+        f.truncate(size)
+    subprocess.run([*mkfs, str(image)], check=True, capture_output=True)
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(where)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"no loop device here: {mounted.stderr.strip()}")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import array
 import fcntl
 import os
-import shutil
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ import pytest
 
 from datacache.cache.disk import DiskTier
 from datacache.cache.extents import FS_IOC_GETFLAGS, FS_NOCOW_FL, commit_frees
+from support import loop_mounted
 
 _FILL = """
 import hashlib, os, sys, threading, time
@@ -44,18 +44,7 @@ print(len(kept), wrong, tier.full_bypasses, tier.commits, tier.healthy)
 @pytest.fixture
 def btrfs(tmp_path):
     """A fresh 200 MiB btrfs on a loop device (root only)."""
-    if os.geteuid() != 0 or shutil.which("mkfs.btrfs") is None:
-        pytest.skip("needs root and mkfs.btrfs (btrfs-progs; make system installs it)")
-    image, where = tmp_path / "btrfs.img", tmp_path / "btrfs"
-    with open(image, "wb") as f:
-        f.truncate(200 << 20)
-    subprocess.run(["mkfs.btrfs", "-q", "-f", str(image)], check=True, capture_output=True)
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(where)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"no loop device here: {mounted.stderr.strip()}")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=True)
+    yield from loop_mounted(tmp_path, ["mkfs.btrfs", "-q", "-f"], 200 << 20, "btrfs")
 
 
 def _nocow(path) -> bool:

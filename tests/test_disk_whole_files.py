@@ -9,10 +9,13 @@ from __future__ import annotations
 import hashlib
 import os
 
+import pytest
+
 from datacache.cache import disk
 from datacache.cache.blocks import checksum
 from datacache.cache.disk import DiskTier
 from datacache.cache.extents import digest_range, write_range
+from support import loop_mounted
 
 BLOCK = 256 << 10
 FILE = "ds/" + "a" * 32
@@ -51,10 +54,23 @@ def test_a_complete_version_is_one_contiguous_file_handed_out_after_its_check(tm
         tier.close()
 
 
-def test_a_damaged_block_fails_the_first_hand_out_after_a_boot_and_is_refetched(tmp_path, monkeypatch):
+def _checks(tier: DiskTier) -> list[str]:
+    """The files ``tier`` checks block by block from now on (its :meth:`DiskTier._check_whole` calls)."""
+    checked, inner = [], tier._check_whole
+
+    def check(file, *args):
+        checked.append(file)
+        return inner(file, *args)
+    tier._check_whole = check
+    return checked
+
+
+def test_a_file_is_checked_once_a_boot_and_again_when_changed_behind_the_cache_or_after_a_reboot(tmp_path, monkeypatch):
     """The first hand-out of a file in a boot checks it; another process of that boot (here a second
-    instance) trusts that check; after a reboot (a new ``boot_id``: set here, as a test cannot
-    reboot) the file is checked again and the damage found."""
+    instance) trusts that check while the cache file is the one checked; a file changed behind the
+    cache since (here a byte of block 2: its change time moves) is checked again and the damage
+    found; after a reboot (a new ``boot_id``: set here, as a test cannot reboot) every file is
+    checked again."""
     directory = str(tmp_path / "ssd")
     blocks = [os.urandom(BLOCK) for _ in range(3)]
     tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
@@ -63,19 +79,18 @@ def test_a_damaged_block_fails_the_first_hand_out_after_a_boot_and_is_refetched(
         os.close(tier.open_whole(FILE, 3 * BLOCK, 3))  # checked once by this instance
     finally:
         tier.close()
-    (name,) = os.listdir(tier.files)
-    path = os.path.join(tier.files, name)
-    with open(path, "r+b") as f:  # the device changed a byte of block 2 while no process ran
-        f.seek(2 * BLOCK + 5)
-        f.write(bytes([blocks[2][5] ^ 0xFF]))
     tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)  # another process, the same boot
     try:
+        checks = _checks(tier)
         os.close(tier.open_whole(FILE, 3 * BLOCK, 3))  # checked in this boot already: handed out
-        assert tier.corrupt == 0
+        assert checks == [] and tier.corrupt == 0
     finally:
         tier.close()
-    mark = disk.boot_mark()
-    monkeypatch.setattr(disk, "boot_mark", lambda: mark ^ 4)  # a reboot
+    (name,) = os.listdir(tier.files)
+    path = os.path.join(tier.files, name)
+    with open(path, "r+b") as f:  # a byte of block 2 changed behind the cache
+        f.seek(2 * BLOCK + 5)
+        f.write(bytes([blocks[2][5] ^ 0xFF]))
     tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
     try:
         assert tier.open_whole(FILE, 3 * BLOCK, 3) is None
@@ -86,6 +101,16 @@ def test_a_damaged_block_fails_the_first_hand_out_after_a_boot_and_is_refetched(
         fd = tier.open_whole(FILE, 3 * BLOCK, 3)
         with open(fd, "rb") as f:
             assert _sha(f.read()) == _sha(b"".join(blocks))
+    finally:
+        tier.close()
+    mark = disk.boot_mark()
+    monkeypatch.setattr(disk, "boot_mark", lambda: mark ^ 4)  # a reboot
+    tier = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    try:
+        checks = _checks(tier)
+        with open(tier.open_whole(FILE, 3 * BLOCK, 3), "rb") as f:
+            assert _sha(f.read()) == _sha(b"".join(blocks))
+        assert checks == [FILE]
     finally:
         tier.close()
 
@@ -196,25 +221,41 @@ def test_a_file_handed_out_before_is_opened_again_without_a_query_until_it_is_ev
         other.close()
 
 
-def test_a_handed_out_file_made_anew_under_its_name_by_a_put_in_flight_is_not_handed_out(tmp_path):
+@pytest.fixture(params=["tmp", "ext4 with whole-second times"])
+def cache_fs(request, tmp_path):
+    """A directory for a tier: on the test's file system, and on an ext4 with 128-byte inodes,
+    whose change times are whole seconds (loop device, root only)."""
+    if request.param == "tmp":
+        yield tmp_path
+    else:
+        yield from loop_mounted(tmp_path, ["mkfs.ext4", "-q", "-F", "-I", "128"], 64 << 20, "ext4")
+
+
+def test_a_handed_out_file_made_anew_under_its_name_by_a_put_in_flight_is_not_handed_out(cache_fs, monkeypatch):
     """A put that reserved a block before its file was evicted writes after: ``O_CREAT`` makes the
     file anew under the remembered name, with only that block (zeros before it), until the put
-    learns its row went. The remembered hand-out must not open it."""
-    directory = str(tmp_path / "ssd")
+    learns its row went. Neither the remembered hand-out nor a learnt one may open it, also where
+    ext4 hands the freed inode back and the change time is the same second."""
+    monkeypatch.setattr(disk, "LEARN_HANDED_AFTER", 1)
+    directory = str(cache_fs / "ssd")
     blocks = [os.urandom(BLOCK) for _ in range(2)]
     tier, other = DiskTier(directory, 64 * BLOCK, block_size=BLOCK), DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    learnt = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
     try:
         _fill(tier, FILE, blocks)
         path = tier.block_file(f"{FILE}/1")
         os.close(tier.open_whole(FILE, 2 * BLOCK, 2))  # checked, remembered
+        os.close(learnt.open_whole(FILE, 2 * BLOCK, 2))  # learnt from the index
+        assert FILE in tier._handed and FILE in learnt._handed
         other.discard(f"{FILE}/0")  # evicted whole by another process
         write_range(path, BLOCK, blocks[1], 0o600)  # the put in flight writes its block
         assert os.path.getsize(path) == 2 * BLOCK
-        assert tier.open_whole(FILE, 2 * BLOCK, 2) is None
+        assert tier.open_whole(FILE, 2 * BLOCK, 2) is None and learnt.open_whole(FILE, 2 * BLOCK, 2) is None
         assert tier.get(f"{FILE}/0") is None and tier.get(f"{FILE}/1") is None
     finally:
         tier.close()
         other.close()
+        learnt.close()
 
 
 def test_a_handed_out_file_truncated_behind_the_cache_is_not_handed_out_short(tmp_path):
@@ -228,6 +269,30 @@ def test_a_handed_out_file_truncated_behind_the_cache_is_not_handed_out_short(tm
         assert tier.get(f"{FILE}/0") == blocks[0]  # the first block is intact
     finally:
         tier.close()
+
+
+def test_a_handed_out_file_truncated_and_extended_behind_the_cache_is_not_handed_out_with_zeros(tmp_path, monkeypatch):
+    """Its size is right again, but its second block is a hole: the process that checked it, one
+    that learnt it and one that asks the index all see a file that is not the one checked."""
+    monkeypatch.setattr(disk, "LEARN_HANDED_AFTER", 1)
+    directory = str(tmp_path / "ssd")
+    tier, learnt = DiskTier(directory, 64 * BLOCK, block_size=BLOCK), DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    try:
+        _fill(tier, FILE, [os.urandom(BLOCK) for _ in range(2)])
+        os.close(tier.open_whole(FILE, 2 * BLOCK, 2))
+        os.close(learnt.open_whole(FILE, 2 * BLOCK, 2))
+        path = tier.block_file(f"{FILE}/0")
+        os.truncate(path, BLOCK)
+        os.truncate(path, 2 * BLOCK)
+        asking = DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+        try:
+            assert [t.open_whole(FILE, 2 * BLOCK, 2) for t in (asking, tier, learnt)] == [None, None, None]
+        finally:
+            asking.close()
+        assert f"{FILE}/1" not in tier and not os.path.exists(path)  # found by the check, dropped whole
+    finally:
+        tier.close()
+        learnt.close()
 
 
 def test_the_files_remembered_as_handed_out_stay_bounded_and_each_is_still_handed_out_right(tmp_path, monkeypatch):

@@ -10,8 +10,8 @@ Layout (issue 17 item 4):
   passes it through to the kernel and ``datacache://`` opens it as a plain file
   (:meth:`DiskTier.open_whole`), with no second copy.
 - ``index.db``: SQLite (WAL), one row per file (token, stride, ``exposed``: handed out whole, and
-  checked in the boot whose :func:`boot_mark` it holds; ``handed``: ``size:inode:ctime_ns`` of the
-  cache file that check saw, so other processes open it with no query, see
+  checked in the boot whose :func:`boot_mark` it holds; ``handed``: the identity of the cache file
+  that check saw, :func:`_identity`, so other processes open it with no query, see
   :meth:`DiskTier._learn_handed`) and
   one row per block (size, xxh3-64 checksum, last access). Rows per block, not a bitmap per file:
   eviction is least recently used per block (a file larger than the quota, case C1, keeps its
@@ -277,7 +277,7 @@ class DiskTier:
         self._lock = threading.RLock()  # orders this process's index writes (one connection)
         self._db = self._ro = None  # index connections (writes; per-thread lookups); None while unusable
         self._rows: dict[str, tuple[str, int, int, str]] = {}  # key -> :meth:`_row` of a recent hit
-        self._handed: dict[str, tuple[str, int, int, int]] = {}  # file -> (name, size, inode, ctime) open_whole checked
+        self._handed: dict[str, tuple[str, int, str]] = {}  # file -> (name, size, _identity) open_whole checked
         self._handed_queries = 0  # open_whole queries of files not in _handed (see LEARN_HANDED_AFTER)
         self._open_files = OpenFiles()  # small cache files kept open between block reads
         self.evictions = 0
@@ -664,12 +664,12 @@ class DiskTier:
             if fd is not None:
                 self._note_accesses(file, blocks)
                 return fd
-        rows = self._ro.execute("SELECT f.name, f.exposed, b.idx, b.size, b.digest, f.stride FROM files f JOIN blocks b "
-                                "ON b.file = f.file AND b.digest != '' WHERE f.file = ? ORDER BY b.idx",
+        rows = self._ro.execute("SELECT f.name, f.exposed, f.handed, b.idx, b.size, b.digest, f.stride FROM files f "
+                                "JOIN blocks b ON b.file = f.file AND b.digest != '' WHERE f.file = ? ORDER BY b.idx",
                                 (file,)).fetchall()
-        if len(rows) != blocks or sum(r[3] for r in rows) != size:
+        if len(rows) != blocks or sum(r[4] for r in rows) != size:
             return None
-        name, exposed = rows[0][0], rows[0][1]
+        name, exposed, handed = rows[0][:3]
         path = os.path.join(self.files, name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -678,8 +678,10 @@ class DiskTier:
         boot = boot_mark()
         try:
             st = os.fstat(fd)
-            checked = exposed == boot  # another process checked it since the machine booted
-            if st.st_size != size or not (checked or self._check_whole(file, fd, path, [r[2:] for r in rows])):
+            seen = _identity(st)
+            # a process checked this very file since the machine booted (not one changed behind the cache since)
+            checked = exposed == boot and handed == seen
+            if st.st_size != size or not (checked or self._check_whole(file, fd, path, [r[3:] for r in rows])):
                 os.close(fd)
                 return None
             marked = checked  # a file handed out before keeps all its blocks until unlinked whole
@@ -688,7 +690,7 @@ class DiskTier:
                     marked = self._db.execute(
                         "UPDATE files SET exposed = ?, handed = ? WHERE file = ? AND name = ? AND "
                         "(SELECT COUNT(*) FROM blocks WHERE file = ? AND digest != '') = ?",
-                        (boot, f"{size}:{st.st_ino}:{st.st_ctime_ns}", file, name, file, blocks)).rowcount
+                        (boot, seen, file, name, file, blocks)).rowcount
         except sqlite3.Error as err:  # a full device cannot record the mark: read through the blocks
             os.close(fd)
             self._mark_unhealthy(err)
@@ -701,14 +703,14 @@ class DiskTier:
             return None
         if len(self._handed) >= HANDED_KEPT:  # cleared when full: a later open of those asks the index again
             self._handed.clear()
-        self._handed[file] = (name, size, st.st_ino, st.st_ctime_ns)
+        self._handed[file] = (name, size, seen)
         self._note_accesses(file, blocks)
         return fd
 
     def _learn_handed(self) -> None:
         """Remember the files that any process checked and handed out whole in this boot (at most
-        :data:`HANDED_KEPT` in all), with the size, inode and change time its check saw (the index's
-        ``handed``): their first open here is then an ``open`` checked by :meth:`_reopen`, as
+        :data:`HANDED_KEPT` in all), with the identity of the cache file its check saw (the index's
+        ``handed``, :func:`_identity`): their first open here is then an ``open`` checked by :meth:`_reopen`, as
         a later one is, not a query of the index (~7 us of a DataLoader worker's first open of a
         small file, 2026-12-06). A process does this after :data:`LEARN_HANDED_AFTER` queries, so
         a command that opens a few files does not read the whole index, and again each time its
@@ -717,26 +719,23 @@ class DiskTier:
         rows = self._ro.execute("SELECT file, name, handed FROM files WHERE exposed = ? AND handed IS NOT NULL "
                                 "LIMIT ?", (boot_mark(), max(HANDED_KEPT - len(self._handed), 0))).fetchall()
         for file, name, handed in rows:
-            try:
-                size, inode, changed = map(int, str(handed).split(":"))
-            except ValueError:  # not written by open_whole: that file is asked for when opened
-                continue
-            self._handed.setdefault(file, (name, size, inode, changed))
+            fields = str(handed).split(":")
+            if len(fields) == 4 and all(f.isdigit() for f in fields):  # else not _identity's: asked for when opened
+                self._handed.setdefault(file, (name, int(fields[0]), handed))
 
-    def _reopen(self, file: str, handed: tuple[str, int, int, int]) -> int | None:
+    def _reopen(self, file: str, handed: tuple[str, int, str]) -> int | None:
         """A descriptor of the cache file :meth:`open_whole` checked and handed out before
-        (``handed``: its name, size, inode and change time), or None when that file is gone: evicted
+        (``handed``: its name, size and :func:`_identity`), or None when that file is gone: evicted
         whole, truncated behind the cache, or made anew under its name (a put in flight since
         its eviction writes into a new file before it learns the row went: zeros where blocks
         were). Forgets the hand-out then; the caller asks the index again."""
-        name, size, inode, changed = handed
+        name, _, identity = handed
         try:
             fd = os.open(os.path.join(self.files, name), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             self._handed.pop(file, None)
             return None
-        st = os.fstat(fd)
-        if (st.st_ino, st.st_size, st.st_ctime_ns) != (inode, size, changed):
+        if _identity(os.fstat(fd)) != identity:
             os.close(fd)
             self._handed.pop(file, None)
             return None
@@ -1269,6 +1268,16 @@ class _Readers:
             for con in self._all:
                 con.close()
             self._all.clear()
+
+
+def _identity(st: os.stat_result) -> str:
+    """``size:inode:ctime_ns:allocated 512-byte blocks`` of a cache file: what tells the file a
+    check read from one made anew under its name or changed behind the cache. The allocated
+    blocks tell them apart where the change time has whole seconds (ext4 with 128-byte inodes)
+    and the inode is handed back: a file made anew by a put in flight holds fewer blocks (holes
+    where the others were), as does one truncated and extended again. A file system that
+    changes them itself (XFS trimming preallocation) costs a check again, never wrong bytes."""
+    return f"{st.st_size}:{st.st_ino}:{st.st_ctime_ns}:{st.st_blocks}"
 
 
 def _add_handed(db: sqlite3.Connection) -> None:
