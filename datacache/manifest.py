@@ -16,7 +16,10 @@ S3's listing order), and stay in Arrow buffers: a million files cost their Parqu
 (~100 MiB) instead of ~2 GiB of Python objects. Lookups are binary searches over the sorted path
 column; a directory's children are the contiguous range of paths under ``dir/``, walked by jumping
 over each subdirectory's range (also a binary search), so ``listdir`` costs O(children · log n).
-Listings are kept in a small LRU cache (FUSE asks for the same directory repeatedly).
+Listings are kept in a small LRU cache (FUSE asks for the same directory repeatedly). A manifest of
+up to 16,384 files is decoded into a dict once a process has searched a sixteenth of it (a reader
+opens the rest); one of 100,000 rows and more is mapped from an Arrow copy beside its file
+(:mod:`datacache.manifest_copy`) rather than decoded in every reading process.
 
 A diff between two snapshots is a merge of their sorted (path, version) streams
 (:func:`diff_batches`), so two manifests of any size diff in bounded memory. A directory row
