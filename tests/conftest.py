@@ -7,6 +7,7 @@ the demo and benchmarks share one definition.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import uuid
 
@@ -15,9 +16,24 @@ import pytest
 from datacache.demo.s3server import MotoServer
 
 
+def _interrupt_on_term(pid: int) -> None:
+    """SIGTERM raises KeyboardInterrupt in process ``pid`` (pytest's: it then tears its fixtures
+    down); a child forked by a test still dies of it, as by default."""
+    def interrupted(signum, frame):
+        if os.getpid() != pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupted)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # FUSE daemons started by this process's tests end with it, even when the run is killed (19.17).
     os.environ["DATACACHE_FUSE_WATCH_PID"] = str(os.getpid())
+    # A terminated run tears its fixtures down as an interrupted one does: mounts served by a thread
+    # of this process (tests/fuse/test_kernel_transport.py) are unmounted, not left dead.
+    _interrupt_on_term(os.getpid())
     # The tiers live on the host's /tmp: its share free is the host's (a CI host had under a tenth,
     # and every put kept a tenth free). The tests of the reserve itself name theirs.
     os.environ["DATACACHE_FREE_SPACE_RATIO"] = "0.01"

@@ -360,7 +360,7 @@ def test_an_index_made_before_the_handed_column_gets_it_and_its_hand_outs_are_as
         tier.close()
 
 
-def test_a_process_whose_first_queries_found_little_handed_out_learns_again_as_its_queries_double(tmp_path, monkeypatch):
+def test_a_process_that_learnt_little_at_first_learns_again_as_its_queries_double(tmp_path, monkeypatch):
     """A DataLoader worker's first epoch is cold: its first learning finds nothing handed out yet.
     What that epoch cached is learnt when its queries have doubled."""
     monkeypatch.setattr(disk, "LEARN_HANDED_AFTER", 2)

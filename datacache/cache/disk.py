@@ -101,7 +101,7 @@ ORPHAN_GRACE_S = 600.0  # an unindexed cache file older than this is a crash's l
 ACCESS_FLUSH_S = 1.0  # seconds between two writes of the blocks' access times to the index
 ACCESS_GRANULARITY_S = 30.0  # seconds: a block's access time is rewritten at most so often between evictions
 HANDED_KEPT = 65536  # files handed out whole whose cache file name is remembered (~23 MiB; ImageNet has 1.28M)
-LEARN_HANDED_AFTER = 32  # a power of 2: open_whole queries after which (and twice as many...) a process learns hand-outs
+LEARN_HANDED_AFTER = 32  # a power of 2: open_whole queries after which (and 2x, 4x...) a process learns hand-outs
 WRITTEN_KEPT = 65536  # blocks whose last written access time is remembered (~9 MiB)
 ROWS_KEPT = 16384  # index rows of recent hits kept in memory: a hit without a SELECT
 BLOCK_SIZE = 4 << 20  # default block size (bytes): the stride of a file's blocks
@@ -720,7 +720,7 @@ class DiskTier:
                                 "LIMIT ?", (boot_mark(), max(HANDED_KEPT - len(self._handed), 0))).fetchall()
         for file, name, handed in rows:
             fields = str(handed).split(":")
-            if len(fields) == 4 and all(f.isdigit() for f in fields):  # else not _identity's: asked for when opened
+            if len(fields) == 4 and all(f.isdecimal() for f in fields):  # else not _identity's: asked for when opened
                 self._handed.setdefault(file, (name, int(fields[0]), handed))
 
     def _reopen(self, file: str, handed: tuple[str, int, str]) -> int | None:
