@@ -121,6 +121,54 @@ def test_a_small_manifest_is_decoded_whole_once_a_sixteenth_of_it_was_searched_a
     assert len(m._whole) == len(PATHS) and m._found == {}
 
 
+def test_a_large_manifest_builds_its_path_index_after_enough_searches_and_answers_as_the_search(monkeypatch):
+    """Past _FOUND_ENTRIES files (here 8) no whole decode: after file_num / _INDEX_AFTER searches a
+    hash index answers, the same rows and entries as the binary search, also where paths' hashes
+    collide (a hash of four values: every bucket holds ~100 paths)."""
+    import datacache.manifest as manifest_module
+
+    asked = PATHS + ["nope", "a/b", "a/b/c", "many", "many/f0300", "", "a-", "中文", "中文/文件.tx"]
+    monkeypatch.setattr(manifest_module, "_FOUND_ENTRIES", 8)
+    monkeypatch.setattr(manifest_module, "_INDEX_AFTER", 0)  # after file_num / 0 searches: never
+    searched = chunked([entry(p) for p in PATHS])
+    reference = [(searched.lookup(p), searched.position(p)) for p in asked]
+    assert searched._index is None and searched._whole is None and reference[0] == (entry(PATHS[0]), 1)
+    monkeypatch.setattr(manifest_module, "_INDEX_AFTER", 32)
+    for colliding in (False, True):
+        if colliding:
+            monkeypatch.setattr(manifest_module, "xxh3_64_intdigest", lambda data: len(data) % 4)
+        m = chunked([entry(p) for p in PATHS])
+        firsts = -(-len(PATHS) // 32)  # searches before the index is built
+        assert [(m.lookup(p), m.position(p)) for p in PATHS[:firsts - 1]] == reference[:firsts - 1]
+        assert m._index is None
+        for _ in range(2):  # the second pass partly from the bounded _found
+            assert [(m.lookup(p), m.position(p)) for p in asked] == reference
+        assert m._index is not None and m._whole is None and len(m._found) <= 8
+
+
+def test_row_values_read_from_buffers_equal_arrow_s_own_for_slices_nulls_and_empty_arrays():
+    """_values reads strings, int64 and float64 from the array's buffers: arrays that are slices
+    (an offset into shared buffers, as a mapped copy's batches are), arrays with nulls (read
+    through Arrow), empty strings and arrays of no characters at all."""
+    from datacache.manifest import _values
+
+    arrays = [pa.array(["", "é-accent", "中文/文件.txt", "a" * 300, ""]),
+              pa.array([0, -1, 2 ** 62, 7, 1 << 40], pa.int64()),
+              pa.array([0.0, -1.5, 1e300, float("inf"), 2.25], pa.float64()),
+              pa.array(["x", None, "y", "z", None]), pa.array([1, None, 3, 4, 5], pa.int64()),
+              pa.array(["", "", "", "", ""]), pa.array([], pa.string()), pa.array([True, False, True, None, True])]
+    for array in arrays:
+        for part in (array, array.slice(1), array.slice(2, 2), array.slice(len(array))):
+            values = _values(part)
+            assert [values(i) for i in range(len(part))] == part.to_pylist()
+    ordered = sorted(PATHS)[:15]
+    table = pa.concat_tables([entries_table([entry(p) for p in ordered[i:i + 5]]) for i in (0, 5, 10)])
+    m = Manifest(table.slice(2, 11), table.slice(0, 0))  # sorted batches with offsets, as a mapped copy's
+    assert [b.column(0).offset for b in m.table.to_batches()] == [2, 0, 0]
+    assert [m.lookup(p) for p in ordered] == [None] * 2 + [entry(p) for p in ordered[2:13]] + [None] * 2
+    assert list(m.rows(0, 11)) == [entry(p) for p in ordered[2:13]]
+
+
 def test_listdir_of_a_directory_of_100000_entries_is_complete_and_cached():
     """C12: a FUSE directory of 100,000 entries lists (FUSE's opendir asks the manifest)."""
     m = chunked([entry(f"big/{i:06d}") for i in range(100_000)] + [entry("big/sub/x"), entry("c")], rows=65536)
