@@ -337,6 +337,41 @@ def test_a_process_learns_this_boots_hand_outs_at_once_and_opens_them_with_no_qu
         other.close()
 
 
+def test_past_the_hand_outs_it_keeps_a_process_asks_for_a_file_s_own_row_not_its_blocks(tmp_path, monkeypatch):
+    """A worker opening more files than HANDED_KEPT (here 2) and before it learns (LEARN_HANDED_AFTER
+    here 1,024) asks the index for each file's hand-out by its row alone: one statement a file, none
+    of them reading block rows. A file changed behind the cache since (truncated and extended: the
+    size is right, the second block a hole) fails that identity and is asked for and checked whole."""
+    monkeypatch.setattr(disk, "HANDED_KEPT", 2)
+    monkeypatch.setattr(disk, "LEARN_HANDED_AFTER", 1024)
+    directory = str(tmp_path / "ssd")
+    files = {f"ds/{n:032x}": [os.urandom(BLOCK), os.urandom(BLOCK - n)] for n in range(6)}
+    tier, other = DiskTier(directory, 64 * BLOCK, block_size=BLOCK), DiskTier(directory, 64 * BLOCK, block_size=BLOCK)
+    try:
+        for file, blocks in files.items():
+            _fill(tier, file, blocks)
+            os.close(tier.open_whole(file, sum(map(len, blocks)), 2))  # checked, marked with its identity
+        counting = other._ro = _CountingQueries(other._ro)
+        for _ in range(2):
+            for file, blocks in files.items():
+                with open(other.open_whole(file, sum(map(len, blocks)), 2), "rb") as f:
+                    assert _sha(f.read()) == _sha(b"".join(blocks))
+                assert len(other._handed) <= 2
+        assert len(counting.statements) == 12 and all("JOIN" not in q for q in counting.statements)
+        changed, blocks = next(iter(files.items()))  # not among the two kept
+        assert changed not in other._handed
+        path = tier.block_file(f"{changed}/0")
+        os.truncate(path, BLOCK)
+        os.truncate(path, sum(map(len, blocks)))
+        counting.statements.clear()
+        assert other.open_whole(changed, sum(map(len, blocks)), 2) is None
+        assert ["JOIN" in q for q in counting.statements[:2]] == [False, True]  # its row, then its blocks
+        assert f"{changed}/1" not in tier and not os.path.exists(path)  # found by the check, dropped whole
+    finally:
+        tier.close()
+        other.close()
+
+
 def test_an_index_made_before_the_handed_column_gets_it_and_its_hand_outs_are_asked_for(tmp_path, monkeypatch):
     import sqlite3
 
