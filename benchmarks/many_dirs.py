@@ -23,7 +23,9 @@ a DataLoader's persistent workers): one untimed pass, then ``--repeat`` passes, 
 Each system gets new worker processes, so a process's first open of a file (its manifest search,
 its cache index query) falls in the timed passes as it does in a DataLoader's first epochs. The
 page cache stays warm throughout. Ratios: / the local copy and / ``simplecache``; the largest
-worker's peak RSS shows what each process holds of the manifest.
+worker's peak RSS shows what each process holds of the manifest. ``--sample 100000`` (the whole
+tree) has each worker open more files than a process keeps looked up (16,384) or remembers as
+handed out (65,536), as a DataLoader worker over ImageNet's 1.28 million files does.
 """
 
 from __future__ import annotations
