@@ -177,8 +177,14 @@ def _is_sorted(column: pa.ChunkedArray) -> bool:
 def _first_at_least(array: pa.Array, key: str) -> int:
     """Index of the first element of the sorted string ``array`` that is >= ``key`` (its length
     if none): Arrow's ``search_sorted`` (byte order, which is ``str`` order for UTF-8), ~4 µs in
-    a batch of 65,536 paths against ~10-16 µs for ``bisect`` over Python strings (2026-12-06)."""
-    return pc.search_sorted(array, pa.scalar(key, array.type)).as_py()
+    a batch of 65,536 paths against ~10-16 µs for ``bisect`` over Python strings (2026-12-06).
+    A ``key`` with surrogates (a name FUSE decoded from bytes that are not UTF-8) sorts by its
+    ``surrogatepass`` bytes, which is ``str`` order too: it matches no stored path."""
+    try:
+        return pc.search_sorted(array, pa.scalar(key, array.type)).as_py()
+    except UnicodeEncodeError:
+        raw = pa.large_binary() if pa.types.is_large_string(array.type) else pa.binary()
+        return pc.search_sorted(array.view(raw), pa.scalar(key.encode("utf-8", "surrogatepass"), raw)).as_py()
 
 
 def _values(array: pa.Array) -> Callable[[int], object]:
@@ -220,7 +226,8 @@ class _PathIndex:
 
     def find(self, key: str, path_at: Callable[[int], str]) -> int | None:
         """The row whose path (``path_at(row)``) is ``key``, or None."""
-        hashes, h = self._hashes, xxh3_64_intdigest(key.encode())
+        # surrogatepass: a name FUSE decoded from bytes that are not UTF-8 hashes, and matches no path
+        hashes, h = self._hashes, xxh3_64_intdigest(key.encode("utf-8", "surrogatepass"))
         i = bisect.bisect_left(hashes, h)
         while i < len(hashes) and hashes[i] == h:  # more than one only for paths whose hashes collide
             if path_at(self._rows[i]) == key:
@@ -425,7 +432,10 @@ class Manifest:
         return found[1] if found is not None else None
 
     def _find(self, key: str) -> tuple[FileEntry, int] | None:
-        """``(entry, row)`` of the file at normalised ``key``, or None."""
+        """``(entry, row)`` of the file at normalised ``key``, or None (also for "", the root, even
+        where a sync kept a file row of that path: a UFS key ``ROOT/.``)."""
+        if not key:
+            return None
         whole = self._whole
         if whole is not None:
             return whole.get(key)
@@ -457,7 +467,7 @@ class Manifest:
 
     def _search(self, key: str) -> tuple[FileEntry, int] | None:
         c = bisect.bisect_left(self._lasts, key)
-        if not key or c == len(self._chunks):
+        if c == len(self._chunks):
             return None
         chunk = self._chunks[c]
         i = _first_at_least(chunk, key)

@@ -102,7 +102,8 @@ def test_c7_names_round_trip(mnt, fuse_env):
 
 
 @pytest.mark.parametrize("rel", ["nope.bin", "s3/nope", "s3/imgs/nope.png", "missing/dir/file",
-                                 "s3/names/a?c.txt", "s3/names/CAF\u00c9.txt"])
+                                 "s3/names/a?c.txt", "s3/names/CAF\u00c9.txt",
+                                 os.fsdecode(b"s3/names/caf\xe9.txt")])  # Latin-1, not UTF-8: surrogates
 def test_c8_missing_paths_are_enoent_never_eio(mnt, rel):
     full = os.path.join(mnt, rel)
     for _ in range(2):  # the second time the negative entry comes from the kernel's cache

@@ -146,6 +146,26 @@ def test_a_large_manifest_builds_its_path_index_after_enough_searches_and_answer
         assert m._index is not None and m._whole is None and len(m._found) <= 8
 
 
+@pytest.mark.parametrize("found_entries", [8, 16384])  # answered by the path index, by the whole decode
+def test_the_root_and_names_that_are_not_utf8_are_no_file_however_the_manifest_is_looked_up(monkeypatch,
+                                                                                            found_entries):
+    """A sync keeps a file row of path "" (a UFS key ``ROOT/.``): the root stays a directory, before
+    and after the index or the whole decode. A name FUSE decoded from bytes that are not UTF-8
+    (``os.fsdecode``: surrogates) is no file and no directory, not an error (FUSE's EIO)."""
+    import datacache.manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "_FOUND_ENTRIES", found_entries)
+    m = chunked([entry(p) for p in PATHS] + [FileEntry("", "m", "bucket/.", 5, 1.0, "v1")])
+    strange = os.fsdecode(b"many/f\xff0001")
+    for _ in range(len(PATHS)):
+        assert m.lookup("") is None and m.position("") is None and m.is_dir("")
+        assert m.lookup(strange) is None and m.lookup("many/f0001") == entry("many/f0001")
+    assert not m.is_dir(strange) and m.select(strange) == []
+    with pytest.raises(FileNotFoundError):
+        m.listdir(strange)
+    assert (m._index is not None) == (found_entries == 8) and (m._whole is not None) == (found_entries == 16384)
+
+
 def test_row_values_read_from_buffers_equal_arrow_s_own_for_slices_nulls_and_empty_arrays():
     """_values reads strings, int64 and float64 from the array's buffers: arrays that are slices
     (an offset into shared buffers, as a mapped copy's batches are), arrays with nulls (read
