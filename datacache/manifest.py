@@ -189,7 +189,7 @@ def _first_at_least(array: pa.Array, key: str) -> int:
 
 def _values(array: pa.Array) -> Callable[[int], object]:
     """``i -> array[i].as_py()`` for a string, int64 or float64 ``array`` without nulls, read from
-    its buffers through memoryviews (~0.1-0.3 us a value against ~0.6 us, 2026-12-06); other
+    its buffers through memoryviews (~0.1-0.4 us a value against ~0.5-1 us, 2026-12-06); other
     arrays through ``as_py``."""
     kind, n, start, buffers = array.type, len(array), array.offset, array.buffers()
     if array.null_count == 0 and kind == pa.string():
@@ -209,10 +209,11 @@ def _view(buffer: pa.Buffer | None, fmt: str, count: int) -> memoryview:
 
 class _PathIndex:
     """Every file path's xxh3-64, sorted, with its row: an exact look-up is a hash, a ``bisect``
-    over the hashes and one path comparison per row of that hash, ~3 us in all at 100,000 files
-    against ~12 us for the binary search over the paths (it builds a scalar and calls a compute
-    kernel for each). Built from ``chunks`` (the path arrays in row order) in ~0.25 us a file
-    (hashing, Arrow's sort), 12 bytes a file: a process builds it once it has searched enough
+    over the hashes and one path comparison per row of that hash, ~1.2-1.9 us at 100,000 files
+    against ~5-8 us for Arrow's ``search_sorted`` over the paths (a scalar built and a compute
+    kernel called each time); with the entry decoded, ~6 us against 9-16 us. Built from ``chunks``
+    (the path arrays in row order) in ~0.25 us a file (hashing, Arrow's sort; 100,000 files: 26-41
+    ms), 12 bytes a file: a process builds it once it has searched enough
     (:data:`_INDEX_AFTER`), as a DataLoader worker over ImageNet's 1.28 million files does in its
     first epoch (2026-12-06)."""
 
@@ -291,7 +292,7 @@ class Manifest:
         self.table = table
         self._set_dirs(dir_rows)
         # Binary search index: per record batch (every column cut at the same rows), its path
-        # array, its other columns (for lookup) and its last path.
+        # array, its columns' values by row (for lookup) and its last path.
         batches = [b for b in table.to_batches() if b.num_rows]
         self._chunks = [b.column("path") for b in batches]
         self._columns = [[_values(b.column(n)) for n in SCHEMA.names] for b in batches]  # row -> value
@@ -412,8 +413,8 @@ class Manifest:
         return c, i - self._starts[c]
 
     def _entry_at(self, c: int, i: int, path: str | None = None) -> FileEntry:
-        """The file of row ``i`` of batch ``c`` (``path``: its path when known): ~1.5 us, each value
-        read from the batch's buffers (:func:`_values`), against ~4 µs through ``array[i].as_py()``
+        """The file of row ``i`` of batch ``c`` (``path``: its path when known): ~2.4 us, each value
+        read from the batch's buffers (:func:`_values`), against ~4-5.5 µs through ``array[i].as_py()``
         and ~11 µs slicing a one-row table (2026-12-06)."""
         columns = self._columns[c]
         return FileEntry(columns[0](i) if path is None else path, *[value(i) for value in columns[1:]])
