@@ -74,6 +74,44 @@ def test_a_block_read_again_soon_is_written_once_until_an_eviction_writes_its_la
         tier.close()
 
 
+def test_the_periodic_write_leaves_a_use_recorded_less_than_the_granularity_before_and_an_eviction_writes_all(
+        tmp_path, monkeypatch):
+    """Two processes (tiers) share one index. A use whose block's row already holds one less than
+    ACCESS_GRANULARITY_S (here 0.5 s) older (the put's, the other process's) is not written by the
+    periodic write; an older one is; the write before an eviction writes every use."""
+    from datacache.cache import disk
+
+    monkeypatch.setattr(disk, "ACCESS_GRANULARITY_S", 0.5)
+    monkeypatch.setattr(disk, "ACCESS_FLUSH_S", 3600.0)  # no periodic write of the reads' own: only those asked for
+    directory = str(tmp_path / "ssd")
+    one, other = DiskTier(directory, 8 * BLOCK), DiskTier(directory, 8 * BLOCK)
+    try:
+        assert one.put("ds/a/0", os.urandom(BLOCK))
+        put = _access_times(directory)["ds/a/0"]
+        assert one.get("ds/a/0") is not None
+        assert one.flush_accesses(everything=False) == 1  # due in this process, but the put's time is recent
+        assert _access_times(directory)["ds/a/0"] == put
+        time.sleep(0.6)
+        assert other.get("ds/a/0") is not None
+        assert other.flush_accesses(everything=False) == 1
+        written = _access_times(directory)["ds/a/0"]
+        assert written >= put + 0.5
+        time.sleep(0.6)  # due again in the first process; the other's write is older than that now
+        assert one.get("ds/a/0") is not None
+        assert one.flush_accesses(everything=False) == 1
+        first = _access_times(directory)["ds/a/0"]
+        assert first >= written + 0.5
+        assert other.get("ds/a/0") is not None
+        assert other.flush_accesses(everything=False) == 1  # due in that process: the row is recent
+        assert _access_times(directory)["ds/a/0"] == first
+        assert other.get("ds/a/0") is not None
+        assert other.flush_accesses() == 1  # as before an eviction: written, within the granularity too
+        assert _access_times(directory)["ds/a/0"] > first
+    finally:
+        one.close()
+        other.close()
+
+
 def test_a_lost_block_file_is_a_miss_and_is_stored_again(tmp_path):
     tier = DiskTier(str(tmp_path / "ssd"), 16 * BLOCK)
     value = os.urandom(BLOCK)
