@@ -240,10 +240,10 @@ def run(args: argparse.Namespace, log) -> Report:
         "file, so it lists and opens without the source; its memory is its supervisor's and mount process's, "
         "summed. S3 only.",
         "",
-        "datacache FUSE mount: the JPEG tree through a `--read-mode no-open` mount with `-o io_uring` (FUSE over "
-        "io_uring: the fuse module's `enable_uring` is turned on for its INIT, as root, and back after; where the "
-        "kernel cannot, that mount serves through `/dev/fuse` and the run says so on stderr), the shard and the "
-        "Parquet files through a `--read-mode passthrough` mount of the same home.",
+        "datacache FUSE mount: the JPEG tree through a `--read-mode no-open` mount, the shard and the Parquet "
+        "files through a `--read-mode passthrough` mount of the same home, both with `-o io_uring` (FUSE over "
+        "io_uring: the fuse module's `enable_uring` is turned on for their INIT, as root, and back after; where the "
+        "kernel cannot, a mount serves through `/dev/fuse` and the run says so on stderr).",
         "",
         markdown_table(headers, rows),
         "",

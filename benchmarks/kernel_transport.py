@@ -12,7 +12,11 @@ Systems, each mount served by a child process (``--serve``) running
 :class:`datacache_fuse.kernel.server.FuseServer` (4 worker threads, 1 MiB read-ahead):
 
 - **local**: the data directory itself;
-- **passthrough**: OPEN answers ``FOPEN_PASSTHROUGH`` on the local file: the kernel reads it;
+- **passthrough**: OPEN answers ``FOPEN_PASSTHROUGH`` on the local file: the kernel reads it; a
+  reopen of a file passed through before, and its RELEASE, are answered by the compiled request
+  loop (``OpenOut.reopen``, :mod:`datacache_fuse.kernel.fast_open`), as ``datacache mount`` does;
+- **passthrough, reopens in Python** (small files only): the same with every OPEN and RELEASE
+  answered by the Python handlers (``datacache`` before the compiled reopens);
 - **READ path**: OPEN answers a handle, every byte crosses the daemon (``os.pread`` + ``writev``);
 - **no-open**: OPEN answers ENOSYS once; the kernel then opens without asking and keeps the page
   cache; bytes cross the daemon on a page-cache miss;
@@ -25,7 +29,11 @@ printed beside the medians' ratio):
 1. the large file with ``dd bs=1M``, page cache dropped (``sync; echo 3 > drop_caches``) before
    each side, then again at once (warm);
 2. the small files: ``open()`` + one ``readinto`` + close of each, by ``--procs`` processes, page
-   cache warm (each side read them once before), then with the page cache dropped.
+   cache warm (each side read them once before), then with the page cache dropped;
+3. reopens: the same over the first ``--reopen-files`` small files (default 32, fewer than the 64
+   inodes whose reopens the compiled loop answers, :data:`~datacache_fuse.kernel.fast_open.SLOTS`),
+   as many opens as there are small files, page cache warm: a few large files opened over and
+   over (Parquet row groups, DLIO's samples) cost this per open.
 
 Every side's bytes are checked once (sha256 of the large file, of every small file) before timing.
 After the run each server reports the requests it received: a passthrough mount should have
@@ -55,7 +63,7 @@ from datacache.demo.sample_data import sha256_file as sha_file
 
 SMALL = 100_000
 PER_DIR = 100
-MODES = ("passthrough", "read", "no-open", "no-open-uring")
+MODES = ("passthrough", "passthrough-python", "read", "no-open", "no-open-uring")
 
 
 # -- the serving child ---------------------------------------------------------------------------
@@ -67,8 +75,10 @@ def serve(src: str, mountpoint: str, mode: str, workers: int) -> None:
 
     logging.basicConfig(level=logging.WARNING, format="serve %(levelname)s %(message)s")
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # workers inherit the mask
-    ops = MirrorOperations(src, passthrough=mode == "passthrough", no_open=mode.startswith("no-open"), timeout=3600)
-    server = FuseServer(ops, mountpoint, fsname=f"datacache:bench/{mode}", passthrough=mode == "passthrough",
+    passthrough = mode.startswith("passthrough")
+    ops = MirrorOperations(src, passthrough=passthrough, no_open=mode.startswith("no-open"), timeout=3600,
+                           reopen=mode == "passthrough")
+    server = FuseServer(ops, mountpoint, fsname=f"datacache:bench/{mode}", passthrough=passthrough,
                         workers=workers, uring=mode.endswith("-uring"))
     session = server.start()
     print("ready", flush=True)
@@ -188,17 +198,21 @@ def run(args: argparse.Namespace) -> None:
                 log(f"  round {k + 1} {side}: dropped {size / cold[side][-1] / MB:,.0f} MB/s, "
                     f"warm {size / warm[side][-1] / MB:,.0f} MB/s")
 
-        small_sides = ("local", "no-open", "no-open-uring", "passthrough", "read")
+        small_sides = ("local", "no-open", "no-open-uring", "passthrough", "passthrough-python", "read")
+        n = len(small_sides)
         hot = {s: [] for s in small_sides}
         dropped = {s: [] for s in small_sides}
+        again = {s: [] for s in small_sides}
+        few = rels[:args.reopen_files] * max(1, len(rels) // args.reopen_files)
         with ProcessPoolExecutor(args.procs) as pool:
             for side in small_sides:  # warm every side's page and entry caches
                 read_files(pool, [os.path.join(roots[side], r) for r in rels], args.procs)
             for k in range(args.rounds):
-                for side in small_sides[k % 5:] + small_sides[:k % 5]:
+                for side in small_sides[k % n:] + small_sides[:k % n]:
                     hot[side].append(read_files(pool, [os.path.join(roots[side], r) for r in rels], args.procs))
+                    again[side].append(read_files(pool, [os.path.join(roots[side], r) for r in few], args.procs))
             for k in range(args.rounds):
-                for side in small_sides[k % 5:] + small_sides[:k % 5]:
+                for side in small_sides[k % n:] + small_sides[:k % n]:
                     drop_caches()
                     dropped[side].append(read_files(pool, [os.path.join(roots[side], r) for r in rels],
                                                     args.procs))
@@ -222,16 +236,22 @@ def run(args: argparse.Namespace) -> None:
     rows = []
     for label, series in ((f"{args.size_mib:,} MiB dd bs=1M, page cache dropped", cold),
                           (f"{args.size_mib:,} MiB dd bs=1M, warm", warm)):
-        rows.append([label, *cells(series, ("passthrough", "read"), size / MB, "MB/s"), "-", "-"])
-    for label, series in ((f"{len(rels):,} x 100 KB, {args.procs} procs, page cache hot", hot),
-                          (f"{len(rels):,} x 100 KB, {args.procs} procs, page cache dropped", dropped)):
-        rows.append([label, *cells(series, ("passthrough", "read", "no-open", "no-open-uring"), len(rels), "files/s")])
-    print(format_table(["workload", "local", "passthrough", "READ path", "no-open", "no-open, io_uring"], rows))
+        rows.append([label, *cells(series, ("passthrough",), size / MB, "MB/s"), "-",
+                     *cells(series, ("read",), size / MB, "MB/s")[1:], "-", "-"])
+    for label, series, count in (
+            (f"{len(rels):,} x 100 KB, {args.procs} procs, page cache hot", hot, len(rels)),
+            (f"{len(rels):,} x 100 KB, {args.procs} procs, page cache dropped", dropped, len(rels)),
+            (f"{len(few):,} opens of {args.reopen_files} x 100 KB, {args.procs} procs, hot", again, len(few))):
+        rows.append([label, *cells(series, ("passthrough", "passthrough-python", "read", "no-open", "no-open-uring"),
+                                   count, "files/s")])
+    print(format_table(["workload", "local", "passthrough", "passthrough, reopens in Python", "READ path", "no-open",
+                        "no-open, io_uring"], rows))
     print()
     for mode in MODES:
         rep = reports.get(mode, {})
         req = rep.get("requests", {})
-        print(f"{mode} server: READ {req.get('READ', 0):,}, OPEN {req.get('OPEN', 0):,}, "
+        print(f"{mode} server: READ {req.get('READ', 0):,}, OPEN {req.get('OPEN', 0):,} "
+              f"(the operations' open {rep.get('calls', {}).get('open', 0):,}), "
               f"LOOKUP {req.get('LOOKUP', 0):,} requests; passthrough {rep.get('passthrough')}, "
               f"refused {rep.get('refused')}; session ended {rep.get('ended')}")
     print(f"server CPU seconds during the large-file rounds: passthrough {cpu['passthrough']:.2f}, "
@@ -244,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--files", type=int, default=2000, help="number of 100 KB files")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--procs", type=int, default=4, help="reader processes for the small files")
+    p.add_argument("--reopen-files", type=int, default=32, help="small files opened over and over (row 3)")
     p.add_argument("--workers", type=int, default=4, help="worker threads per server")
     p.add_argument("--dir", default="/var/tmp", help="where the data and mount points go (a local disk)")
     p.add_argument("--serve", nargs=3, metavar=("SRC", "MOUNTPOINT", "MODE"), help=argparse.SUPPRESS)

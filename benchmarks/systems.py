@@ -326,11 +326,12 @@ class DatacacheFuse(Datacache):
     The dataset mixes a tree of small files with large ones, and a mount has one read mode: each
     workload reads through the mode ``--read-mode auto`` gives a dataset of its kind of files, so
     the home is mounted twice, ``--read-mode no-open`` for the JPEG tree and ``--read-mode
-    passthrough`` for the shard and the Parquet files (``LARGE_PREFIXES``). The no-open mount asks
-    for FUSE over io_uring (``-o io_uring``, the fuse module's ``enable_uring`` on for its INIT): a
-    hot small file then costs one IOCTL answered in C on the reader's own CPU; where the kernel
-    cannot, it serves through ``/dev/fuse`` and says so on stderr. Peak RSS is the sum of both
-    daemons'."""
+    passthrough`` for the shard and the Parquet files (``LARGE_PREFIXES``). Both ask for FUSE over
+    io_uring (``-o io_uring``, the fuse module's ``enable_uring`` on for their INIT): a hot small
+    file then costs one IOCTL answered in C on the reader's own CPU, and a reopened large file an
+    OPEN, an IOCTL and a RELEASE answered there (``datacache_fuse.kernel.fast_open``; through
+    ``/dev/fuse`` each synchronous one crosses to the other CPU); where the kernel cannot, a mount
+    serves through ``/dev/fuse`` and says so on stderr. Peak RSS is the sum of both daemons'."""
 
     name = "datacache FUSE mount"
     fuse = True
@@ -343,19 +344,24 @@ class DatacacheFuse(Datacache):
     def _begin(self) -> Opener:
         # Mounted before its warmup: the daemons and `datacache warmup` share the SSD tier.
         home = self.new_home()
-        try:
-            self.mount, problem = self.mounts.datacache_uring(self.name, home, self.dir("mnt"), read_mode="no-open")
-        except OSError as err:
-            problem = f"{self.slug}: the fuse module's enable_uring cannot be set ({err}): the JPEG mount serves through /dev/fuse"
-            self.mount = self.mounts.datacache(self.name, home, self.dir("mnt"), read_mode="no-open")
-        if problem:
-            print(problem, file=sys.stderr)
-        self.large_mount = self.mounts.datacache(f"{self.name} (passthrough)", home, self.dir("mnt-pt"),
-                                                 read_mode="passthrough")
+        self.mount = self._uring_mount(self.name, home, self.dir("mnt"), "no-open")
+        self.large_mount = self._uring_mount(f"{self.name} (passthrough)", home, self.dir("mnt-pt"), "passthrough")
         sub = "" if self.source == "s3" else self.mount_path
         large = os.path.join(self.large_mount.mountpoint, sub)
         return Opener("path", os.path.join(self.mount.mountpoint, sub), strip=self.strip,
                       routes=tuple((p, large) for p in self.LARGE_PREFIXES))
+
+    def _uring_mount(self, label: str, home: str, mountpoint: str, read_mode: str) -> Mount:
+        """``home`` mounted with ``-o io_uring`` in ``read_mode``; through ``/dev/fuse`` (said on
+        stderr) where the kernel or this user cannot."""
+        try:
+            mount, problem = self.mounts.datacache_uring(label, home, mountpoint, read_mode=read_mode)
+        except OSError as err:
+            problem = f"{label}: the fuse module's enable_uring cannot be set ({err}): it serves through /dev/fuse"
+            mount = self.mounts.datacache(label, home, mountpoint, read_mode=read_mode)
+        if problem:
+            print(problem, file=sys.stderr)
+        return mount
 
     def end(self) -> None:
         large, self.large_mount = self.large_mount, None

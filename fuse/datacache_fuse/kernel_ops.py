@@ -289,7 +289,7 @@ class DatasetOperations(Operations):
         # An inode passed through before reuses its backing id: no cache lookup for the file.
         reuse = self.passthrough and self.session is not None and self.session.backing.reusable(ino)
         local = self.client.local_file(node.entry) if self.passthrough and not reuse else None
-        return OpenOut(fh=fh, keep_cache=True, passthrough=local)
+        return OpenOut(fh=fh, keep_cache=True, passthrough=local, reopen=self.passthrough)
 
     def _reader(self, ino: int) -> tuple[Handle, bool]:
         """No-open mode: ``(the handle of ino, whether it was made now)``, made on its first read
@@ -355,11 +355,23 @@ class DatasetOperations(Operations):
         if handle is not None:
             handle.file.close()
 
+    def reopened(self, ino: int) -> None:
+        """A reopen answered by the session's compiled loop (``OpenOut.reopen``) is closed: the
+        read listeners learn of it now, as :meth:`open` tells them of the others."""
+        try:
+            entry = self._node(ino).entry
+        except FileNotFoundError:
+            return
+        if entry is not None:
+            self.client.reading(entry)
+
     # -- manifest changes ------------------------------------------------------------------------
     def _on_change(self, old, new) -> None:
         """The client's listener (any thread, maybe a handler's): diff and invalidate on a thread
-        of its own."""
+        of its own. Reopens answered by the session's compiled loop stop at once: each OPEN checks
+        its version again (:meth:`open`)."""
         if self.session is not None and not self._stop.is_set():
+            self.session.backing.retire_reopens()
             threading.Thread(target=self._invalidate, args=(old, new), name="datacache-fuse-inval",
                              daemon=True).start()
 

@@ -168,9 +168,10 @@ def test_open_handles_pass_complete_cache_files_through(fuse_env, mountpoint):
     wait_until(lambda: "opens passed through" in open(log, encoding="utf-8").read(), 30, "the daemon's last words")
     with open(log, encoding="utf-8") as f:
         ended = [line for line in f if "opens passed through" in line][-1]
-    said = re.findall(r"(?:backing files registered|opens passed through): (\d+)", ended)
-    registered, passed = (int(n) for n in said)
+    said = re.findall(r"(?:backing files registered|opens passed through|answered by the compiled loop): (\d+)", ended)
+    registered, passed, in_c = (int(n) for n in said)
     assert passed >= 3 and registered == 1, ended  # the reopens reused the first open's backing id
+    assert in_c >= 1, ended  # a reopen after the first passthrough open: answered without Python
 
 
 def _deleted_fds(pid: int) -> list[str]:
@@ -242,5 +243,44 @@ def test_auto_read_mode_follows_what_the_dataset_holds(fuse_env, mountpoint):
         large = sum(e.size for e in client.manifest if e.size > large_from)
         assert handles == (2 * large >= total) and why.startswith(f"{100 * large // total}% of ")
     finally:
+        client.close()
+        paths.close()
+
+
+def test_reopens_answered_by_the_compiled_loop_still_tell_the_read_listeners(fuse_env, mountpoint):
+    """A dataset mount's passthrough reopens are answered by the compiled loop without Python, yet
+    the client's read listeners (plan follower, file read-ahead, ``--record``) still learn of each
+    one, as an OPEN answered by Python tells them; the bytes are the file's. Served in-process (the
+    daemon's own classes) to watch the listeners."""
+    from datacache.control.embedded import read_path
+    from datacache_fuse.kernel.server import FuseServer
+    from datacache_fuse.kernel_ops import DatasetOperations
+
+    paths = read_path(fuse_env.home)
+    client = paths.open_dataset(fuse_env.name, "default")
+    told: list[str] = []
+    client.on_read(lambda entry: told.append(entry.path))
+    server = FuseServer(DatasetOperations(client, no_open=False, passthrough=True, reload_interval=None), mountpoint,
+                        passthrough=True)
+    session = server.start()
+    name, want = "local/big.bin", fuse_env.expected["local/big.bin"]
+    path = os.path.join(mountpoint, name)
+    try:
+        assert session.backing.fast is not None, "datacache_fuse.kernel._pump was not built"
+
+        def passed_through() -> bool:
+            assert sha256_path(path) == want  # through READ until the cache holds the whole version
+            return session.backing.fast.opens > 0  # listed by a passthrough OPEN, then reopened in C
+        wait_until(passed_through, 60, "a reopen answered by the compiled loop")
+        wait_until(lambda: told.count(name) == len(told), 5, "the reopen told")
+        before, opens = len(told), session.backing.fast.opens
+        for _ in range(3):
+            with open(path, "rb", buffering=0) as f:
+                assert sha256(f.read()) == want
+        assert session.backing.fast.opens == opens + 3
+        wait_until(lambda: len(told) == before + 3, 5, "each reopen told to the read listeners")
+        assert set(told) == {name}
+    finally:
+        assert server.stop(timeout=10)
         client.close()
         paths.close()

@@ -24,7 +24,7 @@ import pytest
 from datacache.demo.sample_data import sha256_bytes as sha
 from datacache.demo.sample_data import sha256_file as sha_file
 from datacache import mountinfo
-from datacache_fuse.kernel.abi import Op
+from datacache_fuse.kernel.abi import ROOT_ID, Op
 from datacache_fuse.kernel.mirror import MirrorOperations
 from datacache_fuse.kernel.operations import OpenOut
 from datacache_fuse.kernel.server import FuseServer
@@ -381,6 +381,119 @@ def test_refused_passthrough_falls_back_to_read(tree, tmp_path, caplog):
             assert server.session.backing.open_ids == 0
     told = [r.getMessage() for r in caplog.records if "passthrough of" in r.getMessage()]
     assert len(told) == 1, told  # said once, not per file
+
+
+def _listed(server) -> dict:
+    """The compiled loops' table: ``{inode: (backing id, handles open, retired)}`` of its used slots."""
+    table = server.session.backing.fast.table
+    return {table.slots[i].nodeid: (table.slots[i].backing_id, table.slots[i].handles, bool(table.slots[i].retired))
+            for i in range(table.size) if table.slots[i].nodeid}
+
+
+@pytest.mark.parametrize("uring", [False, True], ids=["dev", "uring"])
+def test_reopens_of_a_passed_through_file_are_answered_in_c_with_its_bytes(tree, tmp_path, uring):
+    """After its first OPEN (Python's), a file's read-only OPENs and their RELEASEs are answered by
+    the compiled loop of the transport: the operations' ``open`` runs once per file, every byte
+    still comes from the backing file, ``reopened`` is told of each reopen, and an open for
+    writing still reaches Python (EROFS)."""
+    root, digests = tree
+    names = ["one.bin", "page-1.bin", "mib+1.bin", "a/b/c/deep.txt"]
+    with uring_enabled(uring):
+        server, ops = serve(root, str(tmp_path / "mnt"), uring=uring, passthrough=True, reopen=True)
+    try:
+        assert server.session.backing.fast is not None, "datacache_fuse.kernel._pump was not built"
+        for _ in range(5):
+            for name in names:
+                with open(os.path.join(server.mountpoint, name), "rb") as f:
+                    assert sha(f.read()) == digests[name], name
+        assert ops.calls["open"] == len(names)  # the first open of each
+        assert server.session.backing.fast.opens == 4 * len(names)
+        assert server.session.counts()[Op.OPEN] == 5 * len(names)
+        assert ops.calls["read"] == 0 and server.session.backing.refused == 0
+        wait_until(lambda: ops.calls["reopened"] == 4 * len(names), 5, "the reopens told to the operations")
+        listed = _listed(server)
+        assert len(listed) == len(names) and all(h == 0 and not r for _, h, r in listed.values())
+        # each listed inode holds its backing id (the table's handle); nothing else is open
+        assert server.session.backing.held == len(names) == server.session.backing.registered
+        with pytest.raises(OSError) as err:
+            open(os.path.join(server.mountpoint, "one.bin"), "r+b")
+        assert err.value.errno == errno.EROFS
+        assert ops.calls["open"] == len(names)  # refused before the operations' open, by Python
+        if uring:
+            assert all(q.error is None for q in server.session.rings)
+    finally:
+        assert server.stop(timeout=10)
+    assert server.session.backing.open_ids == 0  # the session's end closed every backing id
+
+
+@pytest.mark.parametrize("uring", [False, True], ids=["dev", "uring"])
+def test_a_retired_reopen_keeps_its_backing_id_until_the_last_handle_opened_in_c_closes(tree, tmp_path, uring):
+    """Retiring an inode (the dataset changed) stops the loops' opens of it at once, while the
+    handles they opened stay readable; the table lets go of its backing id with the last of them
+    (that RELEASE is Python's), and the next open lists the inode again."""
+    root, digests = tree
+    name = "mib+1.bin"
+    with uring_enabled(uring):
+        server, ops = serve(root, str(tmp_path / "mnt"), uring=uring, passthrough=True, reopen=True)
+    backing = server.session.backing
+    path = os.path.join(server.mountpoint, name)
+    try:
+        with open(path, "rb") as f:  # Python's OPEN: listed
+            assert sha(f.read()) == digests[name]
+        held = [open(path, "rb"), open(path, "rb")]  # answered in C
+        assert ops.calls["open"] == 1 and backing.fast.opens == 2
+        (ino, (backing_id, handles, retired)), = _listed(server).items()
+        assert handles == 2 and not retired
+        backing.retire_reopens()
+        assert _listed(server) == {ino: (backing_id, 2, True)}
+        third = open(path, "rb")  # no longer answered in C
+        assert ops.calls["open"] == 2 and backing.fast.opens == 2
+        for f in (*held, third):
+            assert sha(f.read()) == digests[name]
+        held[0].close()  # answered in C: one handle of the retired slot left
+        wait_until(lambda: _listed(server) == {ino: (backing_id, 1, True)}, 5, "the first release")
+        held[1].close()  # the last one: Python's, which lets go of the table's handle
+        wait_until(lambda: not _listed(server), 5, "the retired slot freed")
+        wait_until(lambda: ops.calls["reopened"] == 2, 5, "both reopens told")
+        assert ino not in backing._listed and backing.held == 1  # `third` only
+        third.close()
+        wait_until(lambda: backing.held == 0, 5, "every handle released")
+        with open(path, "rb") as f:  # Python's again (an idle backing id reused), listed again
+            assert sha(f.read()) == digests[name]
+        assert ops.calls["open"] == 3 and set(_listed(server)) == {ino}
+        assert backing.registered == 1  # one BACKING_OPEN throughout
+    finally:
+        assert server.stop(timeout=10)
+
+
+def test_an_unlinked_or_forgotten_file_is_no_longer_reopened_in_c(tmp_path):
+    """A listed file unlinked since (the cache evicted it) is retired by the sweep, and one whose
+    inode the kernel forgot (its entry invalidated) by its FORGET: its backing id goes."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for name in ("gone.bin", "kept.bin"):
+        (root / name).write_bytes(name.encode() * 1000)
+    mp = str(tmp_path / "mnt")
+    server, ops = serve(str(root), mp, passthrough=True, reopen=True)
+    backing = server.session.backing
+    try:
+        for name in ("gone.bin", "kept.bin") * 2:
+            with open(os.path.join(mp, name), "rb") as f:
+                assert f.read() == name.encode() * 1000
+        assert ops.calls["open"] == 2 and backing.fast.opens == 2 and len(_listed(server)) == 2
+        os.unlink(root / "gone.bin")
+        assert backing.sweep() == 1
+        assert len(_listed(server)) == 1 and len(backing._listed) == 1
+        with open(os.path.join(mp, "kept.bin"), "rb") as f:
+            assert f.read() == b"kept.bin" * 1000
+        assert backing.fast.opens == 3
+        # The kernel drops the entry, then the unused inode, with a FORGET (not drop_caches: that
+        # would make other tests' mounts forget theirs too).
+        server.session.notify_inval_entry(ROOT_ID, b"kept.bin")
+        wait_until(lambda: not _listed(server) and not backing._listed, 10, "FORGET retiring the listed inode")
+        wait_until(lambda: backing.open_ids == 0, 5, "every backing id closed")
+    finally:
+        assert server.stop(timeout=10)
 
 
 @pytest.mark.parametrize("uring", [False, True], ids=["dev", "uring"])

@@ -7,7 +7,9 @@ inode at its next lookup, as a datacache file version does.
 
 ``passthrough``: OPEN names the backing file, so the kernel reads it directly; ``no_open``: OPEN
 answers ENOSYS (the kernel then opens without asking, READs carry ``fh`` 0); ``readdirplus``:
-answer READDIRPLUS. ``calls`` counts calls of ``open``, ``read``, ``lookup``, ``getattr``.
+answer READDIRPLUS; ``reopen`` (with ``passthrough``): let the session's compiled loops answer
+later opens of a file passed through (``OpenOut.reopen``). ``calls`` counts calls of ``open``,
+``read``, ``lookup``, ``getattr`` and ``reopened``.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ class MirrorOperations(Operations):
     attribute timeout in seconds."""
 
     def __init__(self, root: str, *, passthrough: bool = False, no_open: bool = False, readdirplus: bool = False,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, reopen: bool = False):
         self.root = os.path.realpath(root)
         self.passthrough, self.no_open, self.timeout = passthrough, no_open, timeout
+        self.reopen = reopen and passthrough
         self.readdirplus_enabled = readdirplus
         self.calls: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
@@ -49,6 +52,7 @@ class MirrorOperations(Operations):
         self._dirs: dict[int, list] = {}
         self._next_dir = 1
         self._fds: dict[int, int] = {}  # no-open mode: ino -> fd
+        self.session = None  # set by init: told when the kernel forgets an inode
 
     def _count(self, what: str) -> None:
         with self._lock:
@@ -94,11 +98,17 @@ class MirrorOperations(Operations):
             if node is None or ino == ROOT_ID:
                 return
             node.nlookup -= nlookup
-            if node.nlookup <= 0:
-                del self._nodes[ino], self._by_key[node.key]
-                fd = self._fds.pop(ino, None)
-                if fd is not None:
-                    os.close(fd)
+            if node.nlookup > 0:
+                return
+            del self._nodes[ino], self._by_key[node.key]
+            fd = self._fds.pop(ino, None)
+            if fd is not None:
+                os.close(fd)
+        if self.session is not None:
+            self.session.backing.forget(ino)  # its idle backing id, its reopens
+
+    def init(self, session) -> None:
+        self.session = session
 
     def getattr(self, ino: int, fh: int | None, req: Request) -> tuple[Attr, float]:
         self._count("getattr")
@@ -116,7 +126,7 @@ class MirrorOperations(Operations):
             raise OSError(errno.ENOSYS, "no-open mode")
         _, path = self._path(ino)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        return OpenOut(fh=fd, keep_cache=True, passthrough=path if self.passthrough else None)
+        return OpenOut(fh=fd, keep_cache=True, passthrough=path if self.passthrough else None, reopen=self.reopen)
 
     def read(self, ino: int, fh: int, offset: int, size: int) -> bytes:
         self._count("read")
@@ -136,6 +146,9 @@ class MirrorOperations(Operations):
     def release(self, ino: int, fh: int) -> None:
         if fh:
             os.close(fh)
+
+    def reopened(self, ino: int) -> None:
+        self._count("reopened")
 
     # -- directories -----------------------------------------------------------------------------
     def opendir(self, ino: int, flags: int, req: Request) -> OpenOut:

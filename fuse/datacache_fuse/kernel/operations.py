@@ -74,7 +74,12 @@ class OpenOut:
     kernel (one backing id per backing file, shared by its handles, closed when the last handle
     is released) and falls back to serving READ when the kernel refuses, saying why once in the
     log. ``keep_cache`` is dropped on a passthrough handle (the kernel refuses the pair).
-    ``cache_dir``: OPENDIR only, let the kernel cache the directory's entries."""
+    ``cache_dir``: OPENDIR only, let the kernel cache the directory's entries. ``reopen``: with a
+    handle passed through, the inode's next read-only OPENs may be answered by the session's
+    compiled loops without calling :meth:`Operations.open` (same backing file, handle
+    ``FAST_FH``; :meth:`Operations.reopened` is told at their RELEASE), until the kernel forgets
+    the inode (the operations call ``session.backing.forget(ino)`` when its lookup count reaches
+    0), its backing file is unlinked, or the operations call ``session.backing.retire_reopens()``."""
 
     fh: int = 0
     keep_cache: bool = False
@@ -82,6 +87,7 @@ class OpenOut:
     passthrough: str | int | None = None
     cache_dir: bool = False
     nonseekable: bool = False
+    reopen: bool = False
 
 
 @dataclass(slots=True)
@@ -187,6 +193,10 @@ class Operations:
 
     def release(self, ino: int, fh: int) -> None:
         """The last descriptor of handle ``fh`` is closed (no error reaches anyone)."""
+
+    def reopened(self, ino: int) -> None:
+        """A handle of ``ino`` that the session opened without :meth:`open` (``OpenOut.reopen``)
+        is closed (no error reaches anyone)."""
 
     def lseek(self, ino: int, fh: int, offset: int, whence: int) -> int:
         """``SEEK_DATA``/``SEEK_HOLE`` from ``offset``: the resulting offset. ENOSYS (the

@@ -21,6 +21,13 @@ backing.c; go-fuse's ``RegisterBackingFd`` notes the first one):
   at the next open instead of reused, or by :meth:`BackingFiles.sweep` (every second, in the
   daemon's watcher) if that comes first: an idle daemon held 25-41 MiB of evicted files on a
   small cache device for 12 minutes when only an open closed them.
+- Reopens without Python: after a passthrough OPEN the session may list the inode in the
+  compiled loops' table (:mod:`.fast_open`, :meth:`BackingFiles.list_reopens`); its later
+  read-only OPENs are answered in C with the same backing id. A listed inode holds one handle of
+  its backing (the table's own), so the id is not kept idle or closed while listed; it is retired
+  when the kernel forgets the inode, when its file is unlinked (:meth:`BackingFiles.sweep`), and
+  for every inode when the operations ask (:meth:`BackingFiles.retire_reopens`: the dataset
+  changed); the table's handle is released once the last handle opened in C is.
 - Refusals: EPERM (no ``CAP_SYS_ADMIN``) stops passthrough for the session; ELOOP (the backing
   file is on a stacked file system such as overlayfs, deeper than ``max_stack_depth`` allows),
   EOPNOTSUPP/EINVAL (a file system without ``read_iter``, or passthrough not negotiated) fall back
@@ -39,6 +46,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from datacache_fuse.kernel import abi
+from datacache_fuse.kernel.fast_open import FastOpens
 
 log = logging.getLogger("datacache_fuse")
 
@@ -99,6 +107,9 @@ class BackingFiles:
     _told: set = field(default_factory=set)  # errnos already logged
     refused: int = 0  # passthrough opens served through READ instead
     registered: int = 0  # BACKING_OPEN calls made
+    fast: FastOpens | None = None  # the compiled loops' table of reopens, when they answer OPENs
+    _listed: dict = field(default_factory=dict)  # FUSE inode -> backing id it is listed with in ``fast``
+    _listing: int = 0  # bumped by retire_reopens: a listing begun before it is retired again
 
     def reusable(self, ino: int) -> bool:
         """True when an open of ``ino`` can be passed through without naming its file: it has
@@ -117,18 +128,71 @@ class BackingFiles:
             return False
 
     def sweep(self) -> int:
-        """Close the idle backing ids whose file was unlinked since (evicted): how many."""
+        """Retire the listed reopens of files unlinked since (evicted), then close the idle backing
+        ids of such files (a retired one's too, once no handle is open): how many inodes it let
+        go of."""
+        with self._lock:
+            unlinked = [ino for ino, backing_id in self._listed.items()
+                        if os.fstat(self._by_key[self._by_id[backing_id]].fd).st_nlink == 0]
+        for ino in unlinked:
+            self.retire_reopen(ino)
         with self._lock:
             gone = [ino for ino, key in self._idle.items() if os.fstat(self._by_key[key].fd).st_nlink == 0]
             for ino in gone:
                 self._drop_idle(ino)
-        return len(gone)
+        return len(set(unlinked) | set(gone))
 
     def forget(self, ino: int) -> None:
-        """The kernel forgot inode ``ino``: close its idle backing id, if any."""
+        """The kernel forgot inode ``ino``: retire its reopens and close its idle backing id, if any."""
+        self.retire_reopen(ino)
         with self._lock:
             if ino in self._idle:
                 self._drop_idle(ino)
+
+    def list_reopens(self, ino: int, backing_id: int) -> bool:
+        """After an OPEN of ``ino`` passed through with ``backing_id``: let the compiled loops
+        answer its next read-only OPENs (see the module doc). False when they cannot (no table,
+        every slot taken, listed already)."""
+        with self._lock:
+            if self.fast is None or ino in self._listed or len(self._listed) >= self.fast.table.size:
+                return False
+            self._listed[ino] = backing_id
+            listing = self._listing
+        pinned = self.open_handle(ino, None)  # the table's own handle: keeps the id registered
+        if pinned == backing_id and self.fast.put(ino, backing_id):
+            if listing != self._listing:  # retired while it was being listed
+                self.retire_reopen(ino)
+            return True
+        with self._lock:
+            del self._listed[ino]
+        self.release_handle(ino, pinned)
+        return False
+
+    def released_reopen(self, ino: int) -> None:
+        """A handle of ``ino`` opened by a compiled loop (fh ``FAST_FH``) was released."""
+        if self.fast is not None and self.fast.release(ino) == 1:
+            self._unlist(ino)
+
+    def retire_reopen(self, ino: int) -> None:
+        """Stop the compiled loops' opens of ``ino``; its table handle is released now or with the
+        last handle they opened."""
+        if self.fast is not None and ino in self._listed and self.fast.retire(ino) == 1:
+            self._unlist(ino)
+
+    def retire_reopens(self) -> None:
+        """:meth:`retire_reopen` of every listed inode (e.g. the dataset's files changed: each
+        OPEN must be checked by the operations again)."""
+        with self._lock:
+            self._listing += 1
+            listed = list(self._listed)
+        for ino in listed:
+            self.retire_reopen(ino)
+
+    def _unlist(self, ino: int) -> None:
+        with self._lock:
+            backing_id = self._listed.pop(ino, None)
+        if backing_id is not None:
+            self.release_handle(ino, backing_id)
 
     def open_handle(self, ino: int, backing: str | int | None) -> int | None:
         """A handle of FUSE inode ``ino`` is being opened; ``backing``: the local file to pass
@@ -218,6 +282,7 @@ class BackingFiles:
             self._by_key.clear()
             self._inodes.clear()
             self._idle.clear()
+            self._listed.clear()
 
     @property
     def open_ids(self) -> int:

@@ -18,6 +18,7 @@ import logging
 import os
 from typing import Callable, Sequence
 
+from datacache_fuse.kernel.fast_open import FastOpens, FastTable
 from datacache_fuse.kernel.uring import Ring, RingState
 
 log = logging.getLogger("datacache_fuse")
@@ -25,20 +26,22 @@ log = logging.getLogger("datacache_fuse")
 
 class Pump:
     """One worker thread's reader: :meth:`read` fills ``buf`` with the next request that is not
-    an IOCTL. ``ioctls`` counts the IOCTLs answered so far (summed into the session's counts)."""
+    an IOCTL, nor an OPEN answered from ``fast`` (a :class:`~.fast_open.FastOpens`, or None).
+    ``ioctls`` counts the IOCTLs answered so far (summed into the session's counts)."""
 
-    __slots__ = ("_call", "_fd", "_ptr", "_size", "_ioctls", "_ref")
+    __slots__ = ("_call", "_fd", "_ptr", "_size", "_ioctls", "_ref", "_fast")
 
-    def __init__(self, call, fd: int, buf: bytearray):
+    def __init__(self, call, fd: int, buf: bytearray, fast: FastOpens | None = None):
         self._call, self._fd, self._size = call, fd, len(buf)
         self._ref = (ctypes.c_char * len(buf)).from_buffer(buf)  # pins buf while the pump lives
         self._ptr = ctypes.addressof(self._ref)
         self._ioctls = ctypes.c_uint64(0)
+        self._fast = fast.pointer if fast is not None else None
 
     def read(self) -> int:
         """Bytes of the next request now in the buffer; raises ``OSError`` with the read's errno
         (ENOENT: the request was interrupted; ENODEV: the connection is over)."""
-        n = self._call(self._fd, self._ptr, self._size, ctypes.byref(self._ioctls))
+        n = self._call(self._fd, self._ptr, self._size, ctypes.byref(self._ioctls), self._fast)
         if n < 0:
             raise OSError(-n, os.strerror(-n))
         return n
@@ -58,13 +61,15 @@ class _Queue(ctypes.Structure):
 
 class RingPump:
     """One ring queue thread's reader: :meth:`next` submits what ``ring`` has queued, answers
-    every IOCTL request in C (ENOTTY, its entry re-armed at once) and returns the next other
-    completion. ``headers`` and ``iovs``: each registered entry's header buffer and iovec pair
-    addresses, by entry index (the buffers must outlive the pump)."""
+    every IOCTL request, and every OPEN listed in ``fast`` (a :class:`~.fast_open.FastOpens`, or
+    None), in C (its entry re-armed at once) and returns the next other completion. ``headers``
+    and ``iovs``: each registered entry's header buffer and iovec pair addresses, by entry index
+    (the buffers must outlive the pump)."""
 
-    __slots__ = ("_call", "_state", "_queue", "_arrays", "_ioctls", "_res")
+    __slots__ = ("_call", "_state", "_queue", "_arrays", "_ioctls", "_res", "_fast")
 
-    def __init__(self, call, ring: Ring, fuse_fd: int, qid: int, headers: Sequence[int], iovs: Sequence[int]):
+    def __init__(self, call, ring: Ring, fuse_fd: int, qid: int, headers: Sequence[int], iovs: Sequence[int],
+                 fast: FastOpens | None = None):
         self._call, self._state = call, ring.state  # the ring's shared state (addresses and bookkeeping)
         n = len(headers)
         self._arrays = ((ctypes.c_void_p * n)(*headers), (ctypes.c_void_p * n)(*iovs))
@@ -72,13 +77,14 @@ class RingPump:
                              ctypes.cast(self._arrays[1], ctypes.POINTER(ctypes.c_void_p)))
         self._ioctls = ctypes.c_uint64(0)
         self._res = ctypes.c_int32(0)
+        self._fast = fast.pointer if fast is not None else None
 
     def next(self) -> tuple[int, int]:
         """``(entry index, result)`` of the next completion that is not an IOCTL request (result:
         0, or the entry's -errno, ENOTCONN and the like once the connection ends). Raises
         ``OSError`` with the errno of ``io_uring_enter`` (or EBUSY: the submission queue is full)."""
         n = self._call(ctypes.byref(self._state), ctypes.byref(self._queue), ctypes.byref(self._ioctls),
-                       ctypes.byref(self._res))
+                       ctypes.byref(self._res), self._fast)
         if n < 0:
             raise OSError(-n, os.strerror(-n))
         return n, self._res.value
@@ -108,7 +114,8 @@ def load() -> Callable[[int, bytearray], Pump] | None:
     if lib is None:
         return None
     call = lib.dc_pump
-    call.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
+    call.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64),
+                     ctypes.POINTER(FastTable))
     call.restype = ctypes.c_long
     return functools.partial(Pump, call)
 
@@ -121,6 +128,22 @@ def load_ring() -> Callable[..., RingPump] | None:
     if call is None:
         return None
     call.argtypes = (ctypes.POINTER(RingState), ctypes.POINTER(_Queue), ctypes.POINTER(ctypes.c_uint64),
-                     ctypes.POINTER(ctypes.c_int32))
+                     ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(FastTable))
     call.restype = ctypes.c_long
     return functools.partial(RingPump, call)
+
+
+def load_fast() -> FastOpens | None:
+    """A new :class:`~.fast_open.FastOpens` table when the compiled part loads (and answers
+    OPENs), else None."""
+    lib = _library()
+    if lib is None or getattr(lib, "dc_fast_drain", None) is None:
+        return None
+    ptr = ctypes.POINTER(FastTable)
+    for name, args in (("dc_fast_put", (ptr, ctypes.c_uint64, ctypes.c_int32)),
+                       ("dc_fast_retire", (ptr, ctypes.c_uint64)), ("dc_fast_release", (ptr, ctypes.c_uint64)),
+                       ("dc_fast_drain", (ptr, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int,
+                                          ctypes.POINTER(ctypes.c_uint64)))):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    return FastOpens(lib)

@@ -31,6 +31,7 @@ from typing import Callable
 
 from datacache_fuse.kernel import abi
 from datacache_fuse.kernel.operations import Request
+from datacache_fuse.kernel.fast_open import FastOpens
 from datacache_fuse.kernel.pump import RingPump, load_ring
 from datacache_fuse.kernel.uring import Ring
 
@@ -109,7 +110,8 @@ class RingQueue:
     when the connection ends (the entries complete with ENOTCONN)."""
 
     def __init__(self, fd: int, qid: int, answer: Callable, counter, *, depth: int = 2,
-                 payload_size: int = 1 << 20, name: str = "fuse", ioctl_enotty: bool = False):
+                 payload_size: int = 1 << 20, name: str = "fuse", ioctl_enotty: bool = False,
+                 fast: FastOpens | None = None):
         self.fd, self.qid, self.depth = fd, qid, depth
         self.payload_size = payload_size
         self._answer = answer
@@ -120,6 +122,7 @@ class RingQueue:
         self.error: OSError | None = None
         self._new_pump = load_ring() if ioctl_enotty else None  # IOCTLs answered in C when it was built
         self._pump: RingPump | None = None
+        self._fast = fast  # OPENs the compiled loop answers (see datacache_fuse.kernel.fast_open)
 
     def run(self) -> None:
         try:
@@ -139,7 +142,7 @@ class RingQueue:
             ring.submit_and_wait(0)
             if self._new_pump is not None:
                 self._pump = self._new_pump(ring, self.fd, self.qid, [ctypes.addressof(e.header) for e in entries],
-                                            [ctypes.addressof(e.iov) for e in entries])
+                                            [ctypes.addressof(e.iov) for e in entries], self._fast)
             self.ready.set()
             self._serve(ring, entries)
         finally:

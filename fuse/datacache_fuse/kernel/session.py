@@ -57,10 +57,11 @@ from datacache_fuse.kernel import abi
 from datacache_fuse.kernel.abi import InitFlag, Op, OpenFlag
 from datacache_fuse.kernel.errnos import errno_of
 from datacache_fuse.kernel.gate import ReaderGate, Turn
+from datacache_fuse.kernel.fast_open import FAST_FH
 from datacache_fuse.kernel.operations import (Attr, DirEntry, EntryOut, OpenOut, Operations, Request,
                                               dirent_type)
 from datacache_fuse.kernel.passthrough import BackingFiles
-from datacache_fuse.kernel.pump import Pump, load as load_pump
+from datacache_fuse.kernel.pump import Pump, load as load_pump, load_fast
 from datacache_fuse.kernel.ring_queue import RingQueue, possible_cpus
 
 log = logging.getLogger("datacache_fuse")
@@ -74,6 +75,7 @@ MAX_WRITE = 128 * 1024  # bytes: the read buffer must hold this plus headers; no
 # ~1,200 files/s, with 4 none did.
 RING_THREADS = 4
 READERS = 2  # workers reading /dev/fuse at a time (see datacache_fuse.kernel.gate)
+REOPEN_TELL_S = 0.02  # seconds between drains of the reopens the compiled loops released
 _WRITE_ACCESS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _NO_REPLY = object()
 _U32 = struct.Struct("=I")
@@ -169,8 +171,10 @@ class Session:
         self._on_init = on_init
         self.kernel: KernelInfo | None = None
         self.backing = BackingFiles(fd, enabled=False)
+        if self._new_pump is not None:  # the compiled loops answer reopens of passed-through inodes
+            self.backing.fast = load_fast()
         self.no_open = False  # OPEN answered ENOSYS: the kernel opens without asking
-        self.passed_through = 0  # OPENs answered with FOPEN_PASSTHROUGH
+        self._passed_through = 0  # OPENs answered with FOPEN_PASSTHROUGH by Python
         self.no_opendir = False
         self._handles: dict[int, tuple[int, int | None]] = {}  # our fh -> (ops' fh, backing id)
         self._next_fh = 1
@@ -196,6 +200,11 @@ class Session:
             self._table[op] = self._erofs
 
     # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def passed_through(self) -> int:
+        """OPENs answered with FOPEN_PASSTHROUGH, by Python and by the compiled loops."""
+        return self._passed_through + (self.backing.fast.opens if self.backing.fast is not None else 0)
+
     @property
     def passthrough(self) -> bool:
         """Passthrough was negotiated and has not been refused for the whole session."""
@@ -261,6 +270,18 @@ class Session:
         for i in range(threads):
             fd = self.fd if i == 0 else self._clone()
             self._spawn(functools.partial(self._worker, fd, self._counter()), f"{self.name}-{i}")
+        if self.backing.fast is not None and self.backing.enabled:
+            threading.Thread(target=self._tell_reopens, name=f"{self.name}-reopens", daemon=True).start()
+
+    def _tell_reopens(self) -> None:
+        """Every :data:`REOPEN_TELL_S` until the session ends: tell the operations of the reopens
+        the compiled loops answered and released since (:meth:`.Operations.reopened`)."""
+        while not self._ended.wait(REOPEN_TELL_S):
+            for ino in self.backing.fast.drain():
+                try:
+                    self.ops.reopened(ino)
+                except Exception:  # noqa: BLE001 - one listener's failure must not stop the others
+                    log.exception("%s: reopened(%d) failed", self.name, ino)
 
     def _counter(self) -> collections.Counter:
         """A new per-thread request counter, summed by :meth:`counts`."""
@@ -291,7 +312,7 @@ class Session:
         (the kernel then keeps using ``/dev/fuse``, served by the usual readers)."""
         for cpu in [c for c in possible_cpus() for _ in range(self.ring_threads)]:
             queue = RingQueue(self.fd, cpu, self._answer, self._counter(), payload_size=max(self.max_read, MAX_WRITE),
-                              name=self.name, ioctl_enotty=self._ioctl_enotty)
+                              name=self.name, ioctl_enotty=self._ioctl_enotty, fast=self.backing.fast)
             self.rings.append(queue)
             self._spawn(queue.run, f"{self.name}-ring{cpu}-{len(self.rings)}")
             queue.ready.wait()
@@ -351,6 +372,8 @@ class Session:
         for c in self._counters:
             total.update({Op(k) if k in Op._value2member_map_ else k: v for k, v in c.items()})
         total[Op.IOCTL] += sum(p.ioctls for p in self._pumps) + sum(q.ioctls for q in self.rings)
+        if self.backing.fast is not None:
+            total[Op.OPEN] += self.backing.fast.opens
         return +total
 
     # -- notifications ---------------------------------------------------------------------------
@@ -396,7 +419,7 @@ class Session:
         begin, end = self.gate.begin, self.gate.end
         read = functools.partial(os.readv, fd, [buf])
         if self._new_pump is not None:  # IOCTLs answered in C, never seen here
-            pump = self._new_pump(fd, buf)
+            pump = self._new_pump(fd, buf, self.backing.fast)
             self._pumps.append(pump)
             read = pump.read
         while not self._destroyed:
@@ -500,7 +523,9 @@ class Session:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = (out.fh, backing_id)
-            self.passed_through += backing_id is not None
+            self._passed_through += backing_id is not None
+        if backing_id is not None and out.reopen:
+            self.backing.list_reopens(nodeid, backing_id)
         return abi.OPEN_OUT.pack(fh, open_flags, backing_id or 0)
 
     def _ops_fh(self, fh: int) -> int:
@@ -516,6 +541,10 @@ class Session:
 
     def _release(self, nodeid, body, req):
         fh = abi.RELEASE_IN.unpack_from(body)[0]
+        if fh == FAST_FH:  # opened by a compiled loop, which left this RELEASE to us (see fast_open)
+            self.backing.released_reopen(nodeid)
+            self.ops.reopened(nodeid)
+            return None
         with self._fh_lock:
             ops_fh, backing_id = self._handles.pop(fh, (fh, None))
         try:
