@@ -12,14 +12,17 @@ import errno
 import functools
 import itertools
 import os
+import re
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
 import pytest
 
-from fuse_support import (BLOCK, S3_KEY, S3_SECRET, apply_dataset, force_cleanup, mount, sha256,
+from datacache_fuse.daemon import read_state
+from fuse_support import (BLOCK, S3_KEY, S3_SECRET, apply_dataset, cli, force_cleanup, mount, sha256,
                           sha256_path, wait_until)
 
 NAME = "fusever"
@@ -43,9 +46,10 @@ class Versioned:
     def delete(self, rel: str) -> None:
         self.fs.rm_file(f"{self.bucket}/data/{rel}")
 
-    def mount(self) -> str:
+    def mount(self, *args: str) -> str:
+        """Apply the dataset and mount it (``args``: more ``datacache mount`` arguments)."""
         apply_dataset(self.home, NAME, self.endpoint, self.bucket, None, fuse={"readAheadBlocks": 0})
-        mount(types.SimpleNamespace(home=self.home, name=NAME), self.mountpoint)
+        mount(types.SimpleNamespace(home=self.home, name=NAME), self.mountpoint, *args)
         return self.mountpoint
 
     def sync(self) -> str:
@@ -123,16 +127,22 @@ def _gone(path: str) -> bool:
     return False
 
 
-def test_datacache_sync_reaches_a_running_mount_c3_c4_c5(versioned):
+@pytest.mark.parametrize("read_mode", ["no-open", "passthrough"])
+def test_datacache_sync_reaches_a_running_mount_c3_c4_c5(versioned, read_mode):
+    """In passthrough mode the files are complete in the cache after their first read, so their
+    later opens are passed through, reopens answered by the compiled loop until the sync retires
+    them (datacache_fuse.kernel.fast_open)."""
     rng = np.random.default_rng(12)
     keep, v1, v2, doomed, born = (rng.bytes(n) for n in (70_000, 200_000, 100_000, 5_000, 9_000))
     versioned.put("keep.bin", keep)
     versioned.put("dir/changed.bin", v1)
     versioned.put("dir/deleted.bin", doomed)
-    mp = versioned.mount()
+    mp = versioned.mount("--read-mode", read_mode)
     join = functools.partial(os.path.join, mp)
-    for rel, data in (("keep.bin", keep), ("dir/changed.bin", v1), ("dir/deleted.bin", doomed)):
-        assert sha256_path(join(rel)) == sha256(data), rel
+    for _ in range(3):  # passthrough: through READ, then passed through, then reopened in C
+        for rel, data in (("keep.bin", keep), ("dir/changed.bin", v1), ("dir/deleted.bin", doomed)):
+            time.sleep(0.05)  # the previous handle's RELEASE (an inode read through READ is not passed through)
+            assert sha256_path(join(rel)) == sha256(data), rel
     for rel in ("dir/born.bin", "newdir/born.bin", "newdir"):  # negative entries, cached 60 s
         assert _gone(join(rel)), rel
     old = os.open(join("dir/changed.bin"), os.O_RDONLY)
@@ -161,6 +171,13 @@ def test_datacache_sync_reaches_a_running_mount_c3_c4_c5(versioned):
         assert sha256(_read_fd(old, len(v1))) == sha256(v1)
     finally:
         os.close(old)
+    if read_mode == "passthrough":  # the daemon's last words count the reopens answered in C
+        log = read_state(versioned.home, mp)["log"]
+        assert cli("unmount", mp, home=versioned.home).returncode == 0
+        wait_until(lambda: "answered by the compiled loop" in open(log, encoding="utf-8").read(), 30, "its counts")
+        with open(log, encoding="utf-8") as f:
+            in_c = int(re.findall(r"answered by the compiled loop: (\d+)", f.read())[-1])
+        assert in_c >= 3, in_c
 
 
 def test_long_lived_fsspec_filesystem_picks_up_a_sync(versioned):
