@@ -11,10 +11,11 @@ logged, so that the read listeners still learn of the file: :meth:`FastOpens.dra
 keep a retired slot's backing id registered until the kernel is done with every handle opened
 through it (the kernel looks the id up in the opener's context, after the reply): the RELEASE of
 a retired slot's last handle is left to Python's handler, which lets go of the id. Measured (one
-process, a cached Parquet file of the benchmarks, ``open()`` + ``read(8)`` + ``close()``): 80 us
-against 140 us through ``/dev/fuse`` (the synchronous OPEN still crosses to the other CPU), 24 us
-against 40 us over the ring queue of the reader's CPU; ``benchmarks.kernel_transport``'s reopen
-row, 4 processes: 43.9k opens a second against 16.9k (2026-12-06).
+process, ``open(path, "rb", buffering=0)`` + ``read(8)`` + ``close()`` of a cached file): 50-54
+us through ``/dev/fuse`` (the synchronous OPEN still crosses to the other CPU) and 45 us over the
+ring queues (24 us with the reader pinned to one CPU), against 139 and 177 us with both requests
+answered by Python and 72-85 and 104-115 us with only the OPEN in C; ``benchmarks.kernel_transport``'s
+reopen row, 4 processes: 43.9k opens a second against 16.9k (2026-12-06).
 
 :class:`FastOpens` wraps the C table (``struct dc_fast``): ``put`` lists an inode, ``retire``
 stops its opens, ``release`` uncounts a handle. Thread-safe: every call takes the table's spin
