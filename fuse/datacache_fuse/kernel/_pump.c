@@ -14,10 +14,10 @@
  * Both also answer the read-only OPEN of an inode that the Python handlers listed in a struct
  * dc_fast (datacache_fuse.kernel.fast_open): a file passed through before, whose backing id is
  * kept; the reply passes it through again with that id and fh FAST_FH, and counts the handle in
- * its slot until Python's RELEASE handler uncounts it (so the id stays registered while the kernel
- * may still look it up, in the opener's context, after the reply). Their RELEASE is answered here
- * too (the handle uncounted, its inode logged for Python), but for the last handle of a retired
- * slot, which Python answers.
+ * its slot until its RELEASE uncounts it (so the id stays registered while the kernel may still
+ * look it up, in the opener's context, after the reply). That RELEASE is answered here too (its
+ * inode logged for Python's read listeners), but for the last handle of a retired slot, which
+ * Python answers (and then lets go of the id).
  *
  * Layouts: struct fuse_in_header, fuse_out_header and fuse_uring_ent_in_out / fuse_uring_cmd_req
  * of the kernel's include/uapi/linux/fuse.h (FUSE_IOCTL = 39 since 7.11; io_uring since 7.42);
