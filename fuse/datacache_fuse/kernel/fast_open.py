@@ -13,7 +13,7 @@ through it (the kernel looks the id up in the opener's context, after the reply)
 a retired slot's last handle is left to Python's handler, which lets go of the id. Measured (one
 process, ``open(path, "rb", buffering=0)`` + ``read(8)`` + ``close()`` of a cached file): 50-54
 us through ``/dev/fuse`` (the synchronous OPEN still crosses to the other CPU) and 45 us over the
-ring queues (24 us with the reader pinned to one CPU), against 139 and 177 us with both requests
+ring queues (24 us with the reader pinned to one CPU), against 139-178 and 177 us with both requests
 answered by Python and 72-85 and 104-115 us with only the OPEN in C; ``benchmarks.kernel_transport``'s
 reopen row, 4 processes: 43.9k opens a second against 16.9k (2026-12-06).
 
