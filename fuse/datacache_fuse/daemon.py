@@ -449,11 +449,10 @@ def _serve(client, namespace: str, dataset: str, mountpoint: str, opts: set[str]
         open_files = ops.open_files
         if not server.stop(timeout=2.0):  # files still open elsewhere: they get ENOTCONN when we exit
             server.session.close()
-        counts = session.counts()
+        counts, fast = session.counts(), session.backing.fast
         log.info("%s: session ended (%d files were open); requests: %s; backing files registered: %d; "
-                 "opens passed through: %d (reopens answered by the compiled loop: %d); held-up requests whose "
-                 "reading turn was handed off: %d", mountpoint,
+                 "opens passed through: %d (reopens answered by the compiled loop: %d, of which the read "
+                 "listeners missed %d); held-up requests whose reading turn was handed off: %d", mountpoint,
                  open_files, ", ".join(f"{getattr(op, 'name', op)} {n}" for op, n in counts.most_common()),
-                 session.backing.registered, session.passed_through,
-                 session.backing.fast.opens if session.backing.fast is not None else 0,
-                 session.gate.handoffs if session.gate else 0)
+                 session.backing.registered, session.passed_through, fast.opens if fast is not None else 0,
+                 fast.lost if fast is not None else 0, session.gate.handoffs if session.gate else 0)

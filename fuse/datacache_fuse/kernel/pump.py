@@ -26,8 +26,8 @@ log = logging.getLogger("datacache_fuse")
 
 class Pump:
     """One worker thread's reader: :meth:`read` fills ``buf`` with the next request that is not
-    an IOCTL, nor an OPEN answered from ``fast`` (a :class:`~.fast_open.FastOpens`, or None).
-    ``ioctls`` counts the IOCTLs answered so far (summed into the session's counts)."""
+    an IOCTL, nor an OPEN or RELEASE answered from ``fast`` (a :class:`~.fast_open.FastOpens`,
+    or None). ``ioctls`` counts the IOCTLs answered so far (summed into the session's counts)."""
 
     __slots__ = ("_call", "_fd", "_ptr", "_size", "_ioctls", "_ref", "_fast")
 
@@ -61,10 +61,10 @@ class _Queue(ctypes.Structure):
 
 class RingPump:
     """One ring queue thread's reader: :meth:`next` submits what ``ring`` has queued, answers
-    every IOCTL request, and every OPEN listed in ``fast`` (a :class:`~.fast_open.FastOpens`, or
-    None), in C (its entry re-armed at once) and returns the next other completion. ``headers``
-    and ``iovs``: each registered entry's header buffer and iovec pair addresses, by entry index
-    (the buffers must outlive the pump)."""
+    every IOCTL request, and the OPENs and RELEASEs ``fast`` answers (a
+    :class:`~.fast_open.FastOpens`, or None), in C (its entry re-armed at once) and returns the
+    next other completion. ``headers`` and ``iovs``: each registered entry's header buffer and
+    iovec pair addresses, by entry index (the buffers must outlive the pump)."""
 
     __slots__ = ("_call", "_state", "_queue", "_arrays", "_ioctls", "_res", "_fast")
 

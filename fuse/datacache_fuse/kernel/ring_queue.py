@@ -30,8 +30,8 @@ import threading
 from typing import Callable
 
 from datacache_fuse.kernel import abi
-from datacache_fuse.kernel.operations import Request
 from datacache_fuse.kernel.fast_open import FastOpens
+from datacache_fuse.kernel.operations import Request
 from datacache_fuse.kernel.pump import RingPump, load_ring
 from datacache_fuse.kernel.uring import Ring
 
@@ -122,7 +122,7 @@ class RingQueue:
         self.error: OSError | None = None
         self._new_pump = load_ring() if ioctl_enotty else None  # IOCTLs answered in C when it was built
         self._pump: RingPump | None = None
-        self._fast = fast  # OPENs the compiled loop answers (see datacache_fuse.kernel.fast_open)
+        self._fast = fast  # reopens the compiled loop answers (see datacache_fuse.kernel.fast_open)
 
     def run(self) -> None:
         try:

@@ -56,8 +56,8 @@ from datacache.errors import DatacacheError
 from datacache_fuse.kernel import abi
 from datacache_fuse.kernel.abi import InitFlag, Op, OpenFlag
 from datacache_fuse.kernel.errnos import errno_of
-from datacache_fuse.kernel.gate import ReaderGate, Turn
 from datacache_fuse.kernel.fast_open import FAST_FH
+from datacache_fuse.kernel.gate import ReaderGate, Turn
 from datacache_fuse.kernel.operations import (Attr, DirEntry, EntryOut, OpenOut, Operations, Request,
                                               dirent_type)
 from datacache_fuse.kernel.passthrough import BackingFiles
