@@ -330,7 +330,8 @@ class Manifest:
         the page cache. A copy made from other bytes, or damaged, is not used and is written anew;
         one that cannot be written (a read-only home, a full device) is left out; a smaller
         manifest's load deletes a copy left from a larger one."""
-        data = pa.memory_map(path).read_buffer()
+        mapping = pa.memory_map(path)
+        data = mapping.read_buffer()
         parquet = pq.ParquetFile(pa.BufferReader(data))
         if not parquet.schema_arrow.equals(SCHEMA):
             return cls(pq.read_table(path, schema=SCHEMA, memory_map=True))
@@ -338,7 +339,7 @@ class Manifest:
         if parquet.metadata.num_rows < MAPPED_ROWS:
             remove_copy(copy)
             return cls(parquet.read())
-        source = digest(data)
+        source = digest(mapping.fileno(), data.size)
         mapped = read_copy(copy, source, SCHEMA)
         if mapped is not None:
             rows, files = mapped
