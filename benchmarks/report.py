@@ -76,7 +76,8 @@ def ratio_rows(outcomes: list[Outcome]) -> tuple[list[str], list[list[str]], int
         if goal is not None:
             ok = all(v is not None and v >= want for v, want in ((r.vs_local, goal.vs_local),
                                                                  (r.vs_peer, goal.vs_peer)))
-            gtext = f">={goal.vs_local:g}x local, >={goal.vs_peer:g}x peer: {'met' if ok else 'NOT met'}"
+            local = f">={goal.vs_local:g}x local, " if goal.vs_local else ""
+            gtext = f"{local}>={goal.vs_peer:g}x peer: {'met' if ok else 'NOT met'}"
             met_n, goal_n = met_n + ok, goal_n + 1
         value = f"{r.rate:,.1f} {w.unit}" + (f" ({r.mb_s:,.1f} MB/s)" if w.unit != "MB/s" else "")
         rows.append([source, w.title, o.system, value, _x(r.vs_local), _x(r.vs_peer), gtext])

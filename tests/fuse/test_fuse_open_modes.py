@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
 import re
 import time
@@ -158,9 +159,11 @@ def test_open_handles_pass_complete_cache_files_through(fuse_env, mountpoint):
         whole = lambda: [p for p in glob.glob(os.path.join(fuse_env.home, "**", "files", "*"), recursive=True)
                          if os.path.isfile(p) and os.stat(p).st_blocks * 512 >= BIG_SIZE]  # noqa: E731
         wait_until(lambda: sha256_path(path) == want and whole(), 30, "the disk tier to hold all of big.bin")
-        for _ in range(3):
-            time.sleep(0.2)  # the previous handle's RELEASE arrives (an inode is not passed through
-            assert sha256_path(path) == want  # while a handle reading through the page cache is open)
+        time.sleep(0.2)  # the previous handle's RELEASE arrives (an inode is not passed through
+        with open(path, "rb") as keeper:  # while a handle reading through the page cache is open)
+            assert hashlib.sha256(keeper.read()).hexdigest() == want  # passed through; while open, the
+            for _ in range(3):  # inode is not forgotten (a drop_caches by a test beside would do it)
+                assert sha256_path(path) == want
         r = cli("unmount", mountpoint, home=fuse_env.home)  # the daemon exits and logs its counts
         assert r.returncode == 0 and "exited" in r.stdout, r.stdout + r.stderr
     finally:
@@ -170,7 +173,10 @@ def test_open_handles_pass_complete_cache_files_through(fuse_env, mountpoint):
         ended = [line for line in f if "opens passed through" in line][-1]
     said = re.findall(r"(?:backing files registered|opens passed through|answered by the compiled loop): (\d+)", ended)
     registered, passed, in_c = (int(n) for n in said)
-    assert passed >= 3 and registered == 1, ended  # the reopens reused the first open's backing id
+    forgets = sum(int(n) for n in re.findall(r"\b(?:BATCH_)?FORGET (\d+)", ended))
+    # the reopens reused the first open's backing id: one more only if the kernel forgot the inode
+    # between the wait above and the keeper's open (a drop_caches beside), which lets the id go
+    assert passed >= 4 and registered <= 1 + forgets and registered < passed, ended
     assert in_c >= 1, ended  # a reopen after the first passthrough open: answered without Python
 
 
