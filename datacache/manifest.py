@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from xxhash import xxh3_64_intdigest
 
 from datacache.entry import FileEntry
-from datacache.manifest_copy import digest, read_copy, remove_copy, write_copy
+from datacache.manifest_copy import INDEX_SCHEMA, digest, read_copy, remove_copy, write_copy
 from datacache.private import FILE_MODE
 
 __all__ = ["FileEntry", "Manifest", "ManifestDiff", "normalize", "diff_batches", "aligned_batches",
@@ -215,15 +215,27 @@ class _PathIndex:
     (the path arrays in row order) in ~0.25 us a file (hashing, Arrow's sort; 100,000 files: 26-41
     ms), 12 bytes a file: a process builds it once it has searched enough
     (:data:`_INDEX_AFTER`), as a DataLoader worker over ImageNet's 1.28 million files does in its
-    first epoch (2026-12-06)."""
+    first epoch (2026-12-06); a mapped copy holds the index built by its writer
+    (:meth:`Manifest.load`). ``batch``: its hashes and rows (:data:`INDEX_SCHEMA`), whose views
+    (no copy) the look-ups search."""
 
-    def __init__(self, chunks: list[pa.Array]):
-        hashes = pa.concat_arrays([pa.array([xxh3_64_intdigest(p.encode()) for p in chunk.to_pylist()], pa.uint64())
-                                   for chunk in chunks]) if chunks else pa.array([], pa.uint64())
-        order = pc.sort_indices(hashes)
-        n = len(hashes)
-        self._hashes = _view(hashes.take(order).buffers()[1], "Q", n)
-        self._rows = _view(order.cast(pa.uint32()).buffers()[1], "I", n)
+    def __init__(self, batch: pa.RecordBatch):
+        self.batch = batch
+        n = batch.num_rows
+        self._hashes = _view(batch.column(0).buffers()[1], "Q", n)
+        self._rows = _view(batch.column(1).buffers()[1], "I", n)
+
+    @classmethod
+    def build(cls, chunks: list[pa.Array]) -> "_PathIndex":
+        """The index of the path arrays ``chunks`` (in row order)."""
+        return cls.of_hashes([_path_hashes(c) for c in chunks])
+
+    @classmethod
+    def of_hashes(cls, hashes: list[pa.Array]) -> "_PathIndex":
+        """The index of the paths whose :func:`_path_hashes` are ``hashes`` (in row order)."""
+        whole = pa.concat_arrays(hashes) if hashes else pa.array([], pa.uint64())
+        order = pc.sort_indices(whole)
+        return cls(pa.record_batch([whole.take(order), order.cast(pa.uint32())], schema=INDEX_SCHEMA))
 
     def find(self, key: str, path_at: Callable[[int], str]) -> int | None:
         """The row whose path (``path_at(row)``) is ``key``, or None."""
@@ -235,6 +247,47 @@ class _PathIndex:
                 return self._rows[i]
             i += 1
         return None
+
+
+def _path_hashes(paths: pa.Array) -> pa.Array:
+    """The xxh3-64 of each of ``paths`` (uint64), :data:`BATCH_ROWS` at a time (a chunk may hold
+    every row: a million paths as ``str`` at once took ~200 MiB)."""
+    parts = [paths.slice(start, BATCH_ROWS).to_pylist() for start in range(0, len(paths), BATCH_ROWS)]
+    return pa.concat_arrays([pa.array([xxh3_64_intdigest(p.encode()) for p in part], pa.uint64()) for part in parts]
+                            or [pa.array([], pa.uint64())])
+
+
+class _CopyRows:
+    """The rows of a manifest file (``parquet``, sorted by path, SCHEMA) as its mapped copy holds
+    them, read :data:`BATCH_ROWS` rows at a time (never the whole table: a million rows decoded
+    are ~160 MiB): the file rows, then the directory rows (few). Once every batch is read,
+    :meth:`tail` gives the number of file rows and their path index. Iterating raises
+    ValueError when the paths are not sorted (an older writer's file: decoded and sorted whole)."""
+
+    def __init__(self, parquet: pq.ParquetFile):
+        self._parquet = parquet
+        self._files, self._hashes, self._dirs = 0, [], []
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        last = None
+        for batch in self._parquet.iter_batches(BATCH_ROWS):
+            paths = batch.column("path")
+            if not len(paths):
+                continue
+            if not _is_sorted(pa.chunked_array([paths])) or (last is not None and last > paths[0].as_py()):
+                raise ValueError("the manifest's paths are not sorted")
+            last = paths[-1].as_py()
+            is_dir = pc.ends_with(paths, DIR)
+            files = batch.filter(pc.invert(is_dir))
+            self._dirs.append(batch.filter(is_dir))
+            self._hashes.append(_path_hashes(files.column("path")))
+            self._files += files.num_rows
+            yield files
+        yield from (d for d in self._dirs if d.num_rows)
+
+    def tail(self) -> tuple[int, pa.RecordBatch]:
+        """``(file rows, path index)`` (:data:`INDEX_SCHEMA`), once the iteration has ended."""
+        return self._files, _PathIndex.of_hashes(self._hashes).batch
 
 
 class _Strings:
@@ -282,7 +335,7 @@ class Manifest:
     construction if it is not already. ``table``: the file rows only; ``dir_rows``: the rows of
     directories with nothing listed below them (paths end in '/')."""
 
-    def __init__(self, table: pa.Table, dir_rows: pa.Table | None = None):
+    def __init__(self, table: pa.Table, dir_rows: pa.Table | None = None, index: pa.RecordBatch | None = None):
         if dir_rows is None:
             table = table.select(SCHEMA.names)
             if not _is_sorted(table.column("path")):
@@ -306,7 +359,8 @@ class Manifest:
         self._found: dict[str, tuple[FileEntry, int]] = {}  # cleared when full: O(1), no recency to keep
         self._searches = 0  # binary searches made (see _find)
         self._whole: dict[str, tuple[FileEntry, int]] | None = None  # every file's, once decoded (_found_whole)
-        self._index: _PathIndex | None = None  # a large manifest's, once built (_find)
+        # a large manifest's, once built (_find), or its mapped copy's (``index``)
+        self._index: _PathIndex | None = None if index is None else _PathIndex(index)
 
     def _set_dirs(self, dir_rows: pa.Table) -> None:
         """Take ``dir_rows`` (sorted, SCHEMA) as the directory rows."""
@@ -324,12 +378,14 @@ class Manifest:
         A file of this SCHEMA is read as it is: ``pq.read_table`` imports ``pyarrow.dataset``,
         ~15 ms of every command's start; an older one is fitted to SCHEMA by it.
 
-        A manifest of at least :data:`MAPPED_ROWS` rows is also written, at its first load, beside
-        the file as a copy that later loads map instead of decoding (``PATH.arrow``, mode 0600, see
-        :mod:`datacache.manifest_copy`): every process reading the dataset then shares one copy in
-        the page cache. A copy made from other bytes, or damaged, is not used and is written anew;
-        one that cannot be written (a read-only home, a full device) is left out; a smaller
-        manifest's load deletes a copy left from a larger one."""
+        A manifest of at least :data:`MAPPED_ROWS` rows is mapped from a copy beside the file
+        (``PATH.arrow``, mode 0600, see :mod:`datacache.manifest_copy`), with the path index its
+        look-ups then use from the start: every process reading the dataset shares one copy in the
+        page cache. Its first load writes the copy, :data:`BATCH_ROWS` rows at a time, and maps
+        it: no process decodes the whole file. A copy made from other bytes, or damaged, is not
+        used and is written anew; while another process writes it, or where it cannot be written
+        (a read-only home, a full device), the load decodes the file; a smaller manifest's load
+        deletes a copy left from a larger one."""
         mapping = pa.memory_map(path)
         data = mapping.read_buffer()
         parquet = pq.ParquetFile(pa.BufferReader(data))
@@ -341,12 +397,15 @@ class Manifest:
             return cls(parquet.read())
         source = digest(mapping.fileno(), data.size)
         mapped = read_copy(copy, source, SCHEMA)
+        if mapped is None and write_copy(copy, SCHEMA, _CopyRows(parquet), source):
+            # the batches it decoded are freed, but the allocator kept their pages (~85 MiB for a
+            # million rows): handed back, so that the writer's RSS is a reader's
+            pa.default_memory_pool().release_unused()
+            mapped = read_copy(copy, source, SCHEMA)  # the copy just written, mapped
         if mapped is not None:
-            rows, files = mapped
-            return cls(rows.slice(0, files), rows.slice(files))
-        manifest = cls(parquet.read())
-        write_copy(copy, pa.concat_tables([manifest.table, manifest.dir_rows]), manifest.file_num, source, BATCH_ROWS)
-        return manifest
+            rows, files, index = mapped
+            return cls(rows.slice(0, files), rows.slice(files), index)
+        return cls(parquet.read())
 
     def save(self, path: str) -> None:
         """Write atomically (temp file + rename), mode 0600; directory rows sorted among the files."""
@@ -450,7 +509,7 @@ class Manifest:
                     if self._searches * _WHOLE_AFTER >= self.file_num:
                         return self._found_whole().get(key)
                 elif self._searches * _INDEX_AFTER >= self.file_num:
-                    index = self._index = _PathIndex(self._chunks)
+                    index = self._index = _PathIndex.build(self._chunks)
             found = self._search(key) if index is None else self._indexed(index, key)
             if found is not None:
                 if len(self._found) >= _FOUND_ENTRIES:

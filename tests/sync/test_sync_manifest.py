@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datacache.manifest import FileEntry, Manifest, ManifestDiff, diff_batches, entries_table
+from datacache.manifest import FileEntry, Manifest, ManifestDiff, _PathIndex, diff_batches, entries_table
 
 PATHS = ["a", "a-b/x", "a/b/c.txt", "a/b/d.txt", "a/b0", "a/c", "a.b", "b/q?mark.txt", "b/per%cent.txt",
          "b/hash#tag.txt", "b/plus+sign.txt", "b/a space.txt", "b/é-accent.txt", "中文/文件.txt",
@@ -317,15 +317,21 @@ def same(loaded: Manifest, m: Manifest) -> None:
 
 
 def test_a_large_manifest_is_mapped_from_its_copy_by_later_loads(mapped, caplog):
-    """The first load leaves the copy (0600); later loads map it (no Arrow memory allocated). A new
-    manifest of the same size and inode, saved in the same clock tick, is not served by the copy of
-    the old one (its tag is the Parquet bytes' checksum, not the file's identity)."""
+    """The first load writes the copy (0600) a batch of rows at a time and maps it, as later loads
+    do (no Arrow memory kept), with the path index its writer built, which their look-ups use from
+    the first. A new manifest of the same size and inode, saved in the same clock tick, is not
+    served by the copy of the old one (its tag is the Parquet bytes' checksum, not the file's
+    identity)."""
     m, path, copy = mapped
-    same(Manifest.load(path), m)
-    assert os.stat(copy).st_mode & 0o777 == 0o600 and not os.path.exists(copy + ".tmp")
-    before = pa.total_allocated_bytes()
-    same(Manifest.load(path), m)
-    assert pa.total_allocated_bytes() - before < 4096  # views of the mapping, nothing decoded
+    for _ in range(2):  # the first load (the copy written), then a later one
+        before = pa.total_allocated_bytes()
+        loaded = Manifest.load(path)
+        assert pa.total_allocated_bytes() - before < 4096  # views of the mapping, nothing decoded kept
+        assert loaded._index is not None and loaded._index.batch.equals(_PathIndex.build(m._chunks).batch)
+        same(loaded, m)
+        assert loaded._searches == 0  # every look-up went through the index
+        assert loaded.lookup("a/nope") is None and loaded.lookup("many") is None and loaded.lookup("e/") is None
+        assert os.stat(copy).st_mode & 0o777 == 0o600 and not os.path.exists(copy + ".tmp")
     st = os.stat(path)
     for size in sorted({len(p) * 7 for p in PATHS} - {len("a/c") * 7}):  # another manifest, its file as large
         changed = m.with_entry(FileEntry("a/c", "m", "bucket/a/c", size, 1.5, "v1"), "a/c")
@@ -346,25 +352,34 @@ def _saved(m: Manifest, path: str) -> str:
     return path
 
 
-@pytest.mark.parametrize("damage", ["footer", "row", "files", "trailer", "empty"])
+@pytest.mark.parametrize("damage", ["footer", "row", "index", "files", "trailer", "empty", "older"])
 def test_a_damaged_copy_is_not_used_and_is_written_anew(mapped, caplog, damage):
-    """Any damage (its Arrow footer, a path inside its rows changed to another valid one, its count
-    of file rows, its trailer, an empty file): the load reads the Parquet file, answers the same,
-    and writes the copy anew."""
+    """Any damage (its index's Arrow footer, a path inside its rows changed to another valid one, a
+    hash of its index, its count of file rows, its trailer, an empty file) or a copy of the format
+    before the index: the load reads the Parquet file, answers the same, and writes the copy anew."""
     import logging
 
     m, path, copy = mapped
     Manifest.load(path)
     data = bytearray(open(copy, "rb").read())
+    trailer = len(data) - 56  # source digest, files, index offset, checksum, magic
+    index_at = int.from_bytes(data[trailer + 24:trailer + 32], "little")
     if damage == "footer":
-        data[-48 - 16:-48] = b"not an arrow end"
+        data[trailer - 16:trailer] = b"not an arrow end"
     elif damage == "row":  # 'many/f0001' -> 'many/f0009': still sorted, still UTF-8, another file
         at = data.index(b"many/f0001")
         data[at + 9:at + 10] = b"9"
+    elif damage == "index":  # the first hash of the index's one batch, one bit flipped
+        h = min(_PathIndex.build([pa.array(PATHS)])._hashes).to_bytes(8, "little")
+        at = data.index(h, index_at)
+        data[at] ^= 1
     elif damage == "files":
-        data[-48 + 16:-48 + 24] = (10 ** 6).to_bytes(8, "little")
+        data[trailer + 16:trailer + 24] = (10 ** 6).to_bytes(8, "little")
     elif damage == "trailer":
         data[-8:] = b"XXXXXXXX"
+    elif damage == "older":  # DCMCOPY1: the rows' IPC file and a trailer without the index's offset
+        head = bytes(data[trailer:trailer + 24])
+        data = data[:index_at] + head + bytes(16) + b"DCMCOPY1"
     else:
         data = bytearray()
     open(copy, "wb").write(bytes(data))
@@ -399,3 +414,18 @@ def test_a_copy_being_written_or_that_cannot_be_written_leaves_loads_on_the_parq
     monkeypatch.setattr(manifest_module, "MAPPED_ROWS", 10 ** 9)  # the manifest shrank below the size
     same(Manifest.load(path), m)
     assert not os.path.exists(copy)  # its old copy deleted
+
+
+def test_an_unsorted_manifest_file_is_decoded_and_sorted_and_gets_no_copy(mapped, caplog):
+    """A manifest file whose rows are out of path order (not one this project writes: an older or
+    foreign writer's) cannot be copied a batch at a time: the load decodes and sorts it whole,
+    answers as the sorted one, and leaves no copy (nor its temp file)."""
+    import logging
+
+    m, path, copy = mapped
+    rows = pa.concat_tables([m.table, m.dir_rows])
+    pq.write_table(rows.take(list(range(rows.num_rows))[::-1]), path)  # descending paths
+    with caplog.at_level(logging.INFO, logger="datacache.manifest_copy"):
+        same(Manifest.load(path), m)
+    assert "not sorted" in caplog.text
+    assert not os.path.exists(copy) and not os.path.exists(copy + ".tmp")
