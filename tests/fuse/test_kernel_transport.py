@@ -421,9 +421,25 @@ def test_reopens_of_a_passed_through_file_are_answered_in_c_with_its_bytes(tree,
         assert ops.calls["open"] == len(names)  # refused before the operations' open, by Python
         if uring:
             assert all(q.error is None for q in server.session.rings)
+        # idle: the thread that tells the reopens sleeps on its eventfd (it woke every 20 ms before)
+        (teller,) = [t for t in threading.enumerate() if t.name == f"{server.session.name}-reopens"]
+        idle = _switches(teller.native_id)
+        time.sleep(0.5)
+        assert _switches(teller.native_id) - idle <= 1
+        with open(os.path.join(server.mountpoint, names[0]), "rb") as f:  # a reopen wakes it again
+            assert sha(f.read()) == digests[names[0]]
+        wait_until(lambda: ops.calls["reopened"] == 4 * len(names) + 1, 5, "the next reopen told")
     finally:
         assert server.stop(timeout=10)
     assert server.session.backing.open_ids == 0  # the session's end closed every backing id
+    teller.join(5)
+    assert not teller.is_alive() and server.session.backing.fast.table.wake == -1  # its eventfd closed
+
+
+def _switches(tid: int) -> int:
+    """Context switches of this process's thread ``tid`` so far (``/proc``, voluntary + not)."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
 
 
 @pytest.mark.parametrize("uring", [False, True], ids=["dev", "uring"])

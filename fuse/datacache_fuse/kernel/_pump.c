@@ -84,13 +84,16 @@ struct dc_fast_slot {
 /* The inodes whose OPEN is answered here: `size` slots, scanned in full (a few dozen); `lock` a
  * spin lock held for a few instructions, by C here and by dc_fast_* calls from Python. The
  * RELEASEs answered here log their inode (`logged` so far, the last FAST_LOG kept) for Python to
- * tell its read listeners (dc_fast_drain). */
+ * tell its read listeners (dc_fast_drain); one logged into an empty log adds 1 to the eventfd
+ * `wake` (-1: none), which Python's drain thread waits on, so an idle mount wakes no thread. */
 struct dc_fast {
     uint32_t lock, size;
     uint64_t opens; /* OPENs answered here */
     struct dc_fast_slot *slots;
     uint64_t logged, drained;
     uint64_t log[FAST_LOG];
+    int32_t wake;
+    uint32_t pad;
 };
 
 static void fast_lock(struct dc_fast *f)
@@ -138,16 +141,22 @@ static int fast_release(struct dc_fast *f, uint64_t nodeid, const struct release
 {
     if (f == NULL || in->fh != FAST_FH)
         return 0;
-    int done = 0;
+    int done = 0, wake = -1;
     fast_lock(f);
     struct dc_fast_slot *s = fast_find(f, nodeid);
     if (s != NULL && s->handles > (s->retired ? 1u : 0u)) {
         s->handles -= 1;
+        if (f->logged == f->drained)
+            wake = f->wake;
         f->log[f->logged % FAST_LOG] = nodeid;
         f->logged += 1;
         done = 1;
     }
     fast_unlock(f);
+    if (wake >= 0) {
+        uint64_t one = 1;
+        (void)!write(wake, &one, sizeof one); /* fails only when the counter is full: a wake-up is due then */
+    }
     return done;
 }
 

@@ -25,6 +25,8 @@ lock in C, as the loops do.
 from __future__ import annotations
 
 import ctypes
+import os
+import threading
 
 FAST_FH = 1 << 63  # the fh of every handle opened by the compiled loops (RELEASE carries it back)
 SLOTS = 64  # inodes listed at most: a loop scans every slot per OPEN (~50 ns)
@@ -43,11 +45,12 @@ LOG = 256  # FAST_LOG: the inodes of the last RELEASEs answered by the loops, ke
 
 class FastTable(ctypes.Structure):
     """``struct dc_fast``: the spin lock, the slot count, OPENs answered by the loops, the slots,
-    and the log of the RELEASEs they answered (``logged`` so far, ``drained`` so far, the ring)."""
+    the log of the RELEASEs they answered (``logged`` so far, ``drained`` so far, the ring), and
+    the eventfd a RELEASE logged into an empty log adds 1 to (``wake``, -1: none)."""
 
     _fields_ = [("lock", ctypes.c_uint32), ("size", ctypes.c_uint32), ("opens", ctypes.c_uint64),
                 ("slots", ctypes.POINTER(_Slot)), ("logged", ctypes.c_uint64), ("drained", ctypes.c_uint64),
-                ("log", ctypes.c_uint64 * LOG)]
+                ("log", ctypes.c_uint64 * LOG), ("wake", ctypes.c_int32), ("pad", ctypes.c_uint32)]
 
 
 class FastOpens:
@@ -57,7 +60,8 @@ class FastOpens:
 
     def __init__(self, lib: ctypes.CDLL, size: int = SLOTS):
         self._slots = (_Slot * size)()
-        self.table = FastTable(0, size, 0, ctypes.cast(self._slots, ctypes.POINTER(_Slot)))
+        self.table = FastTable(0, size, 0, ctypes.cast(self._slots, ctypes.POINTER(_Slot)), wake=-1)
+        self._wake_lock = threading.Lock()  # orders wake() and close_wake(): never a write to a closed fd
         self.pointer = ctypes.pointer(self.table)
         self._put, self._retire, self._release = lib.dc_fast_put, lib.dc_fast_retire, lib.dc_fast_release
         self._drain = lib.dc_fast_drain
@@ -88,6 +92,30 @@ class FastOpens:
         n = self._drain(self.pointer, self._out, LOG, ctypes.byref(self._lost))
         self.lost += self._lost.value
         return self._out[:n]
+
+    def open_wake(self) -> None:
+        """Make the eventfd the loops add 1 to when they log a RELEASE into an empty log (see
+        :meth:`wait`). Raises OSError."""
+        self.table.wake = os.eventfd(0, os.EFD_CLOEXEC)
+
+    def wait(self) -> None:
+        """Block until a loop logs a RELEASE into an empty log (one wake-up per burst: an idle
+        mount wakes no thread; before, a drain every 20 ms cost ~50 wake-ups a second) or
+        :meth:`wake` is called. Only the thread that calls :meth:`close_wake` when done."""
+        os.eventfd_read(self.table.wake)
+
+    def wake(self) -> None:
+        """End a :meth:`wait` (the session ended); nothing once the eventfd is closed."""
+        with self._wake_lock:
+            if self.table.wake >= 0:
+                os.eventfd_write(self.table.wake, 1)
+
+    def close_wake(self) -> None:
+        """Close the eventfd, once the loops have returned (they write to it): by the thread that
+        waited, so that no wait starts on a closed descriptor."""
+        with self._wake_lock:
+            fd, self.table.wake = self.table.wake, -1
+            os.close(fd)
 
     @property
     def opens(self) -> int:

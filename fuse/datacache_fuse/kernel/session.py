@@ -75,7 +75,7 @@ MAX_WRITE = 128 * 1024  # bytes: the read buffer must hold this plus headers; no
 # ~1,200 files/s, with 4 none did.
 RING_THREADS = 4
 READERS = 2  # workers reading /dev/fuse at a time (see datacache_fuse.kernel.gate)
-REOPEN_TELL_S = 0.02  # seconds between drains of the reopens the compiled loops released
+REOPEN_TELL_S = 0.02  # seconds from a RELEASE the compiled loops answered to telling the operations of it
 _WRITE_ACCESS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _NO_REPLY = object()
 _U32 = struct.Struct("=I")
@@ -271,17 +271,26 @@ class Session:
             fd = self.fd if i == 0 else self._clone()
             self._spawn(functools.partial(self._worker, fd, self._counter()), f"{self.name}-{i}")
         if self.backing.fast is not None and self.backing.enabled:
+            self.backing.fast.open_wake()
             threading.Thread(target=self._tell_reopens, name=f"{self.name}-reopens", daemon=True).start()
 
     def _tell_reopens(self) -> None:
-        """Every :data:`REOPEN_TELL_S` until the session ends: tell the operations of the reopens
-        the compiled loops answered and released since (:meth:`.Operations.reopened`)."""
-        while not self._ended.wait(REOPEN_TELL_S):
-            for ino in self.backing.fast.drain():
-                try:
-                    self.ops.reopened(ino)
-                except Exception:  # noqa: BLE001 - one listener's failure must not stop the others
-                    log.exception("%s: reopened(%d) failed", self.name, ino)
+        """Until the session ends: once the compiled loops answer a RELEASE, wait
+        :data:`REOPEN_TELL_S` (the RELEASEs that follow are told together), then tell the
+        operations of every reopen released since (:meth:`.Operations.reopened`)."""
+        fast = self.backing.fast
+        try:
+            while True:
+                fast.wait()
+                if self._ended.wait(REOPEN_TELL_S):
+                    return
+                for ino in fast.drain():
+                    try:
+                        self.ops.reopened(ino)
+                    except Exception:  # noqa: BLE001 - one listener's failure must not stop the others
+                        log.exception("%s: reopened(%d) failed", self.name, ino)
+        finally:
+            fast.close_wake()  # the loops have returned: the session ended
 
     def _counter(self) -> collections.Counter:
         """A new per-thread request counter, summed by :meth:`counts`."""
@@ -300,6 +309,8 @@ class Session:
                     self._running -= 1
                     if self._running == 0:
                         self._ended.set()
+                        if self.backing.fast is not None:
+                            self.backing.fast.wake()  # the reopens' drain thread ends
 
         with self._fh_lock:
             self._running += 1
