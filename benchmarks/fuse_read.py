@@ -300,9 +300,16 @@ class Mounts:
 
         with enable_uring_while():
             mount = self.datacache(label, home, mountpoint, read_mode, options=("io_uring",))
-        with open(mount.log, encoding="utf-8") as f:
-            if "FUSE over io_uring:" in f.read():
-                return mount, ""
+        # The mount answers as soon as its last ring queue registers, possibly before the daemon
+        # has logged it: its "mounted" line comes after the transport's.
+        deadline = time.monotonic() + 10.0
+        said = ""
+        while "mounted " not in said and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with open(mount.log, encoding="utf-8") as f:
+                said = f.read()
+        if "FUSE over io_uring:" in said:
+            return mount, ""
         return mount, f"{label}: the daemon did not start its ring queues (see {mount.log}): it serves through /dev/fuse"
 
     def rclone(self, label: str, remote: str, mountpoint: str, config: str, endpoint: str, cache_dir: str,

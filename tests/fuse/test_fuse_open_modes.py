@@ -66,6 +66,8 @@ def test_more_requests_at_once_than_the_daemon_has_workers_all_answered(fuse_env
         with uring_enabled(transport == "io_uring"):
             pid = mount(fuse_env, mountpoint, *(("-o", "io_uring") if transport == "io_uring" else ()), name="burst")
         threads = RING_THREADS * len(possible_cpus())
+        # the mount answers once its last ring queue registers, maybe before the daemon logs it
+        wait_until(lambda: "mounted " in _log(fuse_env.home, mountpoint), 10, "the daemon's 'mounted' line")
         assert (f"FUSE over io_uring: {threads} threads" in _log(fuse_env.home, mountpoint)) == (transport == "io_uring")
         threads = [threading.Thread(target=read, args=(rel, i % 2 == 0)) for i, rel in enumerate(objects)]
         for thread in threads:
