@@ -274,6 +274,8 @@ class _CopyRows:
             paths = batch.column("path")
             if not len(paths):
                 continue
+            if paths.null_count:  # not a path: the whole decode keeps such a row as it is
+                raise ValueError("the manifest has rows without a path")
             if not _is_sorted(pa.chunked_array([paths])) or (last is not None and last > paths[0].as_py()):
                 raise ValueError("the manifest's paths are not sorted")
             last = paths[-1].as_py()
@@ -453,7 +455,8 @@ class Manifest:
         """Rows ``[lo, hi)`` whose path starts with ``prefix``."""
         if not prefix:
             return 0, self.file_num
-        return self._lower_bound(prefix), self._lower_bound(_after_prefix(prefix))
+        after = _after_prefix(prefix)  # '' when the prefix is all U+10FFFF: no path sorts after them
+        return self._lower_bound(prefix), self._lower_bound(after) if after else self.file_num
 
     def _below(self, key: str) -> tuple[int, int]:
         """Rows ``[lo, hi)`` of the files below directory ``key`` (normalised; "" the root)."""

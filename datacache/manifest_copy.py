@@ -11,14 +11,15 @@ the process 134 MB of RSS (74 before), where decoding them left 258 MB; later lo
 The file is the rows' Arrow IPC file, then the path index's (one batch of :data:`INDEX_SCHEMA`:
 each file path's xxh3-64, sorted, with its row; see ``manifest._PathIndex``), then a trailer
 (:data:`_TRAILER`): the xxh3-128 of the Parquet bytes it was made from, the number of file rows
-(the directory rows follow them), the offset of the index's IPC file, the xxh3-128 of every byte
-before this checksum, and a magic. The index is built once, by the writer: each reading process
-maps it (ImageNet's 1.28 million files: ~15 MB and ~0.4 s that every DataLoader worker spent
-building its own after 40,000 searches, each of those ~5-8 us against ~1.2-1.9 us through it). A
-load uses the copy only when the Parquet file it is loading has the same checksum (a tag by
-content, not by inode or time: ext4 hands a freed inode back and two saves in one clock tick share
-an mtime) and the copy's own checksum holds (a damaged row is found, not served); otherwise the
-caller reads the Parquet file. Hashing both is most of a mapped load's 11-12 ms (a million files).
+(the directory rows follow them), where the rows' IPC file ends and the index's starts (at a
+multiple of 64 bytes), the xxh3-128 of every byte before this checksum, and a magic. The index is
+built once, by the writer: each reading process maps it (ImageNet's 1.28 million files: ~15 MB and
+~0.4 s that every DataLoader worker spent building its own after 40,000 searches, each of those
+~5-8 us against ~1.2-1.9 us through it). A load uses the copy only when the Parquet file it is
+loading has the same checksum (a tag by content, not by inode or time: ext4 hands a freed inode
+back and two saves in one clock tick share an mtime) and the copy's own checksum holds (a damaged
+row is found, not served); otherwise the caller reads the Parquet file. Hashing both is most of a
+mapped load's 11-12 ms (a million files).
 Both are hashed with ``pread`` into one small buffer, not through the mapping: hashing through it
 would fault every page into this process's RSS (the copy of a million files is 81 MB), where a load
 only touches the rows it reads.
@@ -44,9 +45,11 @@ log = logging.getLogger(__name__)
 __all__ = ["INDEX_SCHEMA", "CopyRows", "digest", "read_copy", "remove_copy", "write_copy"]
 
 _MAGIC = b"DCMCOPY2"  # 1: no path index
-_TRAILER = struct.Struct("<16sQQ16s8s")  # source digest, file rows, index offset, digest of all before it, magic
-_CHECKED = 16 + 8 + 8  # trailer bytes before its own digest, covered by it
+# source digest, file rows, end of the rows' IPC file, the index's offset, digest of all before it, magic
+_TRAILER = struct.Struct("<16sQQQ16s8s")
+_CHECKED = 16 + 8 + 8 + 8  # trailer bytes before its own digest, covered by it
 INDEX_SCHEMA = pa.schema([("hash", pa.uint64()), ("row", pa.uint32())])
+_ALIGN = 64  # bytes: the index's IPC file starts at a multiple of this (Arrow's buffer alignment)
 
 
 _READ = 1 << 20  # bytes per pread while hashing
@@ -93,16 +96,16 @@ def read_copy(path: str, source: bytes, schema: pa.Schema) -> tuple[pa.Table, in
         if data.size < _TRAILER.size:
             raise ValueError(f"{data.size} bytes: shorter than its trailer")
         end = data.size - _TRAILER.size
-        made_from, files, index_at, checksum, magic = _TRAILER.unpack(data.slice(end).to_pybytes())
+        made_from, files, rows_end, index_at, checksum, magic = _TRAILER.unpack(data.slice(end).to_pybytes())
         if magic != _MAGIC:
             raise ValueError("no trailer (or one of an older format)")
         if made_from != source:  # the copy of an earlier manifest: written anew by the caller
             return None
         if digest(mapping.fileno(), end + _CHECKED) != checksum:
             raise ValueError("checksum mismatch")
-        if not 0 < index_at < end:
-            raise ValueError(f"the index's offset {index_at} is outside the rows' {end} bytes")
-        rows = pa.ipc.open_file(data.slice(0, index_at)).read_all()
+        if not 0 < rows_end <= index_at < end:
+            raise ValueError(f"the rows' end {rows_end} and the index's offset {index_at} do not fit {end} bytes")
+        rows = pa.ipc.open_file(data.slice(0, rows_end)).read_all()
         index = pa.ipc.open_file(data.slice(index_at, end - index_at))
         if not rows.schema.equals(schema) or not 0 <= files <= rows.num_rows:
             raise ValueError(f"not a manifest's rows ({files} files of {rows.num_rows} rows, {rows.schema})")
@@ -129,6 +132,8 @@ def write_copy(path: str, schema: pa.Schema, rows: CopyRows, source: bytes) -> b
     the copy out, logged."""
     tmp = f"{path}.tmp"
     try:
+        if not os.access(os.path.dirname(path) or ".", os.W_OK):  # its rename would fail after the writing
+            raise PermissionError(errno.EACCES, "the directory is not writable", os.path.dirname(path))
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     except OSError as err:
         log.info("manifest copy %s not written (each load decodes the manifest): %s", path, err)
@@ -139,17 +144,20 @@ def write_copy(path: str, schema: pa.Schema, rows: CopyRows, source: bytes) -> b
         if not os.path.samestat(os.fstat(fd), os.stat(tmp)):
             return False
         os.ftruncate(fd, 0)
+        os.fchmod(fd, FILE_MODE)  # a temp file left by another writer may have had another mode
         with open(fd, "wb", closefd=False) as f:
             with pa.ipc.new_file(f, schema) as writer:
                 for batch in rows:
                     writer.write_batch(batch)
             files, index = rows.tail()
+            rows_end = f.tell()
+            f.write(bytes(-rows_end % _ALIGN))  # the index's buffers aligned (an IPC file ends in "ARROW1")
             index_at = f.tell()
             with pa.ipc.new_file(f, INDEX_SCHEMA) as writer:
                 writer.write_batch(index)
         checksum = _hashed(fd, os.fstat(fd).st_size)
-        checksum.update(source + struct.pack("<QQ", files, index_at))  # the trailer's bytes before the checksum
-        trailer = _TRAILER.pack(source, files, index_at, checksum.digest(), _MAGIC)
+        checksum.update(source + struct.pack("<QQQ", files, rows_end, index_at))  # the trailer's bytes before it
+        trailer = _TRAILER.pack(source, files, rows_end, index_at, checksum.digest(), _MAGIC)
         if os.pwrite(fd, trailer, os.fstat(fd).st_size) != len(trailer):  # a file size limit met
             raise OSError(errno.EFBIG, "the trailer was written short")
         os.fsync(fd)  # on the device before its name is: a power loss leaves no copy with holes
@@ -168,7 +176,9 @@ def write_copy(path: str, schema: pa.Schema, rows: CopyRows, source: bytes) -> b
 
 
 def remove_copy(path: str) -> None:
-    """Delete the copy at ``path`` if there is one (its manifest shrank below the size that gets
-    one: it would otherwise stay for ever); an error leaves it, harmless (its tag no longer matches)."""
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+    """Delete the copy at ``path`` and its temp file if there are (its manifest shrank below the
+    size that gets one: they would otherwise stay for ever); an error leaves them, harmless (the
+    copy's tag no longer matches)."""
+    for name in (path, f"{path}.tmp"):
+        with contextlib.suppress(OSError):
+            os.unlink(name)

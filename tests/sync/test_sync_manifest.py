@@ -362,8 +362,9 @@ def test_a_damaged_copy_is_not_used_and_is_written_anew(mapped, caplog, damage):
     m, path, copy = mapped
     Manifest.load(path)
     data = bytearray(open(copy, "rb").read())
-    trailer = len(data) - 56  # source digest, files, index offset, checksum, magic
-    index_at = int.from_bytes(data[trailer + 24:trailer + 32], "little")
+    trailer = len(data) - 64  # source digest, files, rows' end, index offset, checksum, magic
+    rows_end, index_at = (int.from_bytes(data[trailer + at:trailer + at + 8], "little") for at in (24, 32))
+    assert index_at % 64 == 0 and 0 <= index_at - rows_end < 64  # the index's buffers aligned
     if damage == "footer":
         data[trailer - 16:trailer] = b"not an arrow end"
     elif damage == "row":  # 'many/f0001' -> 'many/f0009': still sorted, still UTF-8, another file
@@ -379,7 +380,7 @@ def test_a_damaged_copy_is_not_used_and_is_written_anew(mapped, caplog, damage):
         data[-8:] = b"XXXXXXXX"
     elif damage == "older":  # DCMCOPY1: the rows' IPC file and a trailer without the index's offset
         head = bytes(data[trailer:trailer + 24])
-        data = data[:index_at] + head + bytes(16) + b"DCMCOPY1"
+        data = data[:rows_end] + head + bytes(16) + b"DCMCOPY1"
     else:
         data = bytearray()
     open(copy, "wb").write(bytes(data))
@@ -429,3 +430,71 @@ def test_an_unsorted_manifest_file_is_decoded_and_sorted_and_gets_no_copy(mapped
         same(Manifest.load(path), m)
     assert "not sorted" in caplog.text
     assert not os.path.exists(copy) and not os.path.exists(copy + ".tmp")
+
+
+def test_a_leftover_temp_file_gets_the_copys_mode_and_a_directory_that_cannot_take_it_no_write(mapped):
+    """A temp file left by a killed writer, of another mode, still gives a copy of mode 0600; in a
+    directory its user cannot write (a user other than root: its rename would fail) a load
+    answers from the Parquet file without writing a copy, every time, and leaves the temp file
+    as it was; a manifest that shrank below the size that gets a copy removes both."""
+    import shutil
+    import tempfile
+
+    import datacache.manifest as manifest_module
+
+    m = mapped[0]
+    home = tempfile.mkdtemp(dir="/tmp")  # not under pytest's root-only directory: nobody reads it
+    try:
+        path = os.path.join(home, "manifest.parquet")
+        copy = path + manifest_module.MAPPED_SUFFIX
+        m.save(path)
+        with open(copy + ".tmp", "wb"):
+            pass
+        os.chmod(copy + ".tmp", 0o644)
+        same(Manifest.load(path), m)
+        assert os.stat(copy).st_mode & 0o777 == 0o600
+        os.unlink(copy)
+        os.close(os.open(copy + ".tmp", os.O_CREAT | os.O_WRONLY, 0o600))
+        for name in (home, path, copy + ".tmp"):
+            os.chown(name, 65534, 65534)  # nobody's
+        os.chmod(home, 0o500)
+        pid = os.fork()
+        if pid == 0:  # as nobody: two loads
+            status = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                status = 0 if all(Manifest.load(path).equals(m) for _ in range(2)) else 2
+            finally:
+                os._exit(status)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert sorted(os.listdir(home)) == [os.path.basename(path), os.path.basename(copy + ".tmp")]
+        assert os.path.getsize(copy + ".tmp") == 0  # nothing written into it
+        os.chmod(home, 0o700)
+        manifest_module.MAPPED_ROWS = 10 ** 9  # the fixture's monkeypatch puts it back
+        same(Manifest.load(path), m)
+        assert os.listdir(home) == [os.path.basename(path)]
+    finally:
+        shutil.rmtree(home)
+
+
+def test_select_of_a_glob_whose_fixed_part_sorts_last_finds_its_paths():
+    """A glob whose fixed part is all U+10FFFF has no string after its prefix to bound the range
+    of rows: the range runs to the last row."""
+    paths = ["a", "\U0010ffffx", "\U0010ffff/y"]
+    m = Manifest.from_entries([entry(p) for p in paths])
+    assert sorted(e.path for e in m.select("\U0010ffff*")) == sorted(paths[1:])
+
+
+def test_a_manifest_file_with_a_row_without_a_path_is_decoded_whole_and_gets_no_copy(mapped):
+    """A row whose path is null (no writer of this project makes one) cannot be split into files
+    and directories a batch at a time: the load decodes the file whole, as a manifest of fewer
+    rows does, and answers the same (the copy had dropped the row and counted one file less)."""
+    m, path, copy = mapped
+    rows = m.table.to_pylist()  # no directory row: the whole decode keeps the row (see _split_dirs)
+    rows[0]["path"] = None
+    pq.write_table(pa.Table.from_pylist(rows, schema=m.table.schema), path)
+    loaded, whole = Manifest.load(path), Manifest(pq.read_table(path))
+    assert (loaded.file_num, loaded.total_size, loaded.position("many/f0003")) == \
+        (whole.file_num, whole.total_size, whole.position("many/f0003"))
+    assert not os.path.exists(copy)
