@@ -290,7 +290,8 @@ class Session:
                     except Exception:  # noqa: BLE001 - one listener's failure must not stop the others
                         log.exception("%s: reopened(%d) failed", self.name, ino)
         finally:
-            fast.close_wake()  # the loops have returned: the session ended
+            if self._ended.is_set():  # the loops, which write to it, have returned
+                fast.close_wake()
 
     def _counter(self) -> collections.Counter:
         """A new per-thread request counter, summed by :meth:`counts`."""
