@@ -20,7 +20,7 @@ import pytest
 import genfs
 
 FILES, PER_DIR = 1_000_000, 1000
-PEAK_RSS_BOUND = 350 << 20  # bytes; measured 270-293 MiB, ~100 MiB of them the imports (2026-12-06: 397-402
+PEAK_RSS_BOUND = 350 << 20  # bytes; measured 270-288 MiB, ~100 MiB of them the imports (2026-12-06: 397-402
 # before the manifest's mapped copy was hashed by pread, written a row group at a time and mapped by its writer)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
